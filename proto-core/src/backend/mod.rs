@@ -1,0 +1,109 @@
+//! The one trait every device sits behind, and an in-memory test double.
+//!
+//! A backend sees validated, already translated requests: buffers by [`BufferId`], regions as
+//! byte offsets that the dispatcher has bounds-checked against the buffer. It never sees wire
+//! handles or wire addresses, and it does no I/O of the connection.
+
+pub mod memory;
+
+use crate::error::Result;
+use crate::graph::Graph;
+use crate::wire::RpcTensor;
+
+pub use memory::MemoryBackend;
+
+/// A backend's own name for one of its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferId(pub u64);
+
+/// A byte position inside a backend buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorLocation {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// Byte offset from the start of the buffer.
+    pub offset: u64,
+}
+
+/// A buffer the backend allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatedBuffer {
+    /// Its id.
+    pub id: BufferId,
+    /// Its usable size (at least the requested size).
+    pub size: u64,
+}
+
+/// Free and total memory of a device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceMemory {
+    /// Free bytes.
+    pub free: u64,
+    /// Total bytes.
+    pub total: u64,
+}
+
+/// A compute device (or a set of them) behind the RPC server.
+///
+/// Methods take `&self` so one backend can serve many connections at once; implementations
+/// synchronise internally. Device indices passed in are always `< device_count()` and buffer
+/// regions are always inside the buffer: the dispatcher checks both first.
+pub trait Backend: Send + Sync {
+    /// Number of devices; the wire's device index is the position in this list.
+    fn device_count(&self) -> u32;
+    /// Current memory figures of a device.
+    fn device_memory(&self, device: u32) -> DeviceMemory;
+    /// Alignment of the device's default buffer type.
+    fn alignment(&self, device: u32) -> u64;
+    /// Largest single buffer the device can allocate.
+    fn max_size(&self, device: u32) -> u64;
+    /// Allocates a buffer; `None` is a soft failure the client is told about.
+    fn alloc_buffer(&self, device: u32, size: u64) -> Option<AllocatedBuffer>;
+    /// Frees a buffer.
+    fn free_buffer(&self, buffer: BufferId);
+    /// Sets every byte of a buffer.
+    fn clear_buffer(&self, buffer: BufferId, value: u8) -> Result<()>;
+    /// Writes bytes at a location.
+    fn write(&self, at: TensorLocation, data: &[u8]) -> Result<()>;
+    /// Reads `out.len()` bytes from a location.
+    fn read(&self, at: TensorLocation, out: &mut [u8]) -> Result<()>;
+    /// Sets `len` bytes at a location to `value`.
+    fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()>;
+    /// Copies `len` bytes between buffers of this backend; `Ok(false)` if this pair of buffers
+    /// cannot copy directly (the client then copies through its own memory).
+    fn copy(&self, src: TensorLocation, dst: TensorLocation, len: u64) -> Result<bool>;
+    /// Bytes a tensor needs in a buffer of `device` (default: its byte size).
+    fn alloc_size(&self, device: u32, tensor: &RpcTensor) -> Result<u64> {
+        let _ = device;
+        tensor.byte_size()
+    }
+    /// The buffer type's tensor initialisation hook (default: nothing to do).
+    fn init_tensor(&self, at: TensorLocation, tensor: &RpcTensor) -> Result<()> {
+        let _ = (at, tensor);
+        Ok(())
+    }
+    /// Runs a validated graph whose tensors all carry their locations.
+    fn graph_compute(&self, device: u32, graph: &Graph) -> Result<()>;
+    /// Waits until every device is idle (protocol 8 launches graphs asynchronously).
+    fn synchronize(&self) {}
+    /// The per-rank block this device contributes to a backend communicator's bootstrap
+    /// exchange, or `None` when it offers none (then the pairwise path is used).
+    fn communicator_offer(&self, device: u32) -> Option<Vec<u8>> {
+        let _ = device;
+        None
+    }
+    /// Builds the backend communicator from the gathered, rank-ordered blocks.
+    fn communicator_init(&self, device: u32, rank: u32, world: u32, gathered: &[u8]) -> Result<()> {
+        let _ = (device, rank, world, gathered);
+        Err(crate::Error::Backend("no backend communicator".into()))
+    }
+    /// Sums an F32 tensor in place across the backend communicator.
+    fn communicator_allreduce(&self, device: u32, at: TensorLocation, elements: u64) -> Result<()> {
+        let _ = (device, at, elements);
+        Err(crate::Error::Backend("no backend communicator".into()))
+    }
+    /// Releases the backend communicator of a device.
+    fn communicator_free(&self, device: u32) {
+        let _ = device;
+    }
+}

@@ -1,0 +1,613 @@
+//! The one command implementation every shell shares: validated requests → backend calls.
+//!
+//! A [`Dispatcher`] holds one connection's state (its buffers, stored graphs, communicators,
+//! the streamed write in progress). The shell feeds it [`ServerEvent`]s from the
+//! [`crate::session::ServerSession`] and sends back whatever [`Outcome::Respond`] carries.
+//! Dropping the dispatcher frees everything the client held.
+
+pub mod buffers;
+pub mod graph_cache;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::backend::{Backend, TensorLocation};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, GraphLimits};
+use crate::session::{ServerEvent, TensorWrite};
+use crate::tensor_cache::{CacheWriter, Fnv1a64, TensorCache};
+use crate::wire::{
+    CommInitRequest, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
+    Tensor2dHeader, HELLO_FLAG_TENSOR_CACHE,
+};
+
+pub use buffers::{BufferEntry, BufferTable, RegionStart};
+pub use graph_cache::GraphCache;
+
+/// Settings of a dispatcher (one per connection, usually cloned from the server's).
+#[derive(Clone)]
+pub struct DispatcherConfig {
+    /// The version announced in HELLO; its major selects the dialect.
+    pub version: ProtocolVersion,
+    /// Transport caps announced in HELLO (all zero: TCP only).
+    pub caps: ConnCaps,
+    /// Most bytes of buffers one connection may hold (`None`: unlimited).
+    pub memory_quota: Option<u64>,
+    /// Graph size limits.
+    pub graph_limits: GraphLimits,
+    /// The tensor cache (`-c`), announced by HELLO flag bit 0.
+    pub tensor_cache: Option<Arc<dyn TensorCache>>,
+}
+
+impl std::fmt::Debug for DispatcherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatcherConfig")
+            .field("version", &self.version)
+            .field("memory_quota", &self.memory_quota)
+            .field("graph_limits", &self.graph_limits)
+            .field("tensor_cache", &self.tensor_cache.is_some())
+            .finish()
+    }
+}
+
+impl DispatcherConfig {
+    /// Defaults for a version: TCP caps, no quota, default graph limits, no cache.
+    pub fn new(version: ProtocolVersion) -> DispatcherConfig {
+        DispatcherConfig {
+            version,
+            caps: [0; 24],
+            memory_quota: None,
+            graph_limits: GraphLimits::default(),
+            tensor_cache: None,
+        }
+    }
+}
+
+/// What the shell must do after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to send.
+    Done,
+    /// Send this response.
+    Respond(Response),
+    /// Establish the comm link (it needs sockets), then call
+    /// [`Dispatcher::finish_comm_init`] and send the response it returns.
+    CommInit(Box<CommInitRequest>),
+    /// Run the all-reduce over the device's comm link: read `elements` f32 at `at`, exchange,
+    /// write the sums back.
+    CommAllreduce {
+        /// Device.
+        device: u32,
+        /// The tensor's bytes.
+        at: TensorLocation,
+        /// Number of f32 elements.
+        elements: u64,
+    },
+    /// Drop the device's comm link.
+    CommFree {
+        /// Device.
+        device: u32,
+    },
+}
+
+/// Where the streamed data of SET_TENSOR / SET_TENSOR_2D goes.
+#[derive(Debug, Clone, Copy)]
+enum WriteTarget {
+    Contiguous(TensorLocation),
+    Rows {
+        first: TensorLocation,
+        size: u64,
+        stride: u64,
+    },
+}
+
+struct StreamedWrite {
+    target: WriteTarget,
+    written: u64,
+    cache: Option<(Fnv1a64, Box<dyn CacheWriter>)>,
+}
+
+/// One connection's command executor.
+pub struct Dispatcher<B: Backend + ?Sized> {
+    backend: Arc<B>,
+    config: DispatcherConfig,
+    dialect: Dialect,
+    buffers: BufferTable,
+    graphs: GraphCache,
+    stream: Option<StreamedWrite>,
+    communicators: HashSet<u32>,
+}
+
+impl<B: Backend + ?Sized> Dispatcher<B> {
+    /// A dispatcher for a new connection. Fails for a version whose major we do not speak.
+    pub fn new(backend: Arc<B>, config: DispatcherConfig) -> Result<Dispatcher<B>> {
+        let version = config.version;
+        let dialect = version.dialect().ok_or(Error::VersionMismatch {
+            major: version.major,
+            minor: version.minor,
+            patch: version.patch,
+        })?;
+        Ok(Dispatcher {
+            backend,
+            config,
+            dialect,
+            buffers: BufferTable::default(),
+            graphs: GraphCache::new(dialect),
+            stream: None,
+            communicators: HashSet::new(),
+        })
+    }
+
+    /// The connection's buffers.
+    pub fn buffers(&self) -> &BufferTable {
+        &self.buffers
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// Executes one event.
+    pub fn handle(&mut self, event: ServerEvent) -> Result<Outcome> {
+        match event {
+            ServerEvent::Request(request) => self.request(request),
+            ServerEvent::TensorWriteBegin { write, data_len } => {
+                self.begin_write(write, data_len)?;
+                Ok(Outcome::Done)
+            }
+            ServerEvent::TensorData(chunk) => {
+                self.write_chunk(&chunk)?;
+                Ok(Outcome::Done)
+            }
+            ServerEvent::TensorWriteEnd => {
+                self.end_write()?;
+                Ok(Outcome::Done)
+            }
+        }
+    }
+
+    fn device(&self, device: u32) -> Result<u32> {
+        let count = self.backend.device_count();
+        if device < count {
+            Ok(device)
+        } else {
+            Err(Error::InvalidDevice { device, count })
+        }
+    }
+
+    /// 8.x launches graphs asynchronously; data commands wait for every device first.
+    fn sync_devices(&self) {
+        if self.dialect == Dialect::V8 {
+            self.backend.synchronize();
+        }
+    }
+
+    fn request(&mut self, request: Request) -> Result<Outcome> {
+        let respond = |r| Ok(Outcome::Respond(r));
+        match request {
+            Request::Hello { .. } => {
+                let cache_flag = if self.config.tensor_cache.is_some() {
+                    HELLO_FLAG_TENSOR_CACHE
+                } else {
+                    0
+                };
+                respond(Response::Hello {
+                    version: self.config.version,
+                    flags: cache_flag,
+                    caps: self.config.caps,
+                })
+            }
+            Request::DeviceCount => respond(Response::DeviceCount(self.backend.device_count())),
+            Request::GetDeviceMemory { device } => {
+                let memory = self.backend.device_memory(self.device(device)?);
+                respond(Response::DeviceMemory {
+                    free: memory.free,
+                    total: memory.total,
+                })
+            }
+            Request::GetAlignment { device } => respond(Response::Alignment(
+                self.backend.alignment(self.device(device)?),
+            )),
+            Request::GetMaxSize { device } => respond(Response::MaxSize(
+                self.backend.max_size(self.device(device)?),
+            )),
+            Request::AllocBuffer { device, size } => self.alloc_buffer(device, size),
+            Request::BufferGetBase { buffer } => {
+                respond(Response::BufferBase(self.buffers.get(buffer)?.base))
+            }
+            Request::FreeBuffer { buffer } => {
+                self.sync_devices();
+                let entry = self.buffers.remove(buffer)?;
+                self.graphs.invalidate_all();
+                self.backend.free_buffer(entry.id);
+                Ok(Outcome::Done)
+            }
+            Request::BufferClear { buffer, value } => {
+                self.sync_devices();
+                let entry = self.buffers.get(buffer)?;
+                self.backend.clear_buffer(entry.id, value)?;
+                Ok(Outcome::Done)
+            }
+            Request::SetTensor { header, data } => {
+                // A whole message (not streamed): same path as the streamed one.
+                let len = data.len() as u64;
+                self.begin_write(TensorWrite::Set(header), len)?;
+                self.write_chunk(&data)?;
+                self.end_write()?;
+                Ok(Outcome::Done)
+            }
+            Request::SetTensor2d { header, data } => {
+                let len = data.len() as u64;
+                self.begin_write(TensorWrite::Set2d(header), len)?;
+                self.write_chunk(&data)?;
+                self.end_write()?;
+                Ok(Outcome::Done)
+            }
+            Request::SetTensorHash {
+                tensor,
+                offset,
+                hash,
+            } => {
+                self.sync_devices();
+                respond(Response::SetTensorHash(
+                    self.set_tensor_from_cache(&tensor, offset, hash)?,
+                ))
+            }
+            Request::GetTensor {
+                tensor,
+                offset,
+                size,
+            } => {
+                self.sync_devices();
+                let at = self
+                    .buffers
+                    .region(&tensor, offset, size, RegionStart::InsideBuffer)?;
+                let mut data = vec![0u8; to_usize(size)?];
+                self.backend.read(at, &mut data)?;
+                respond(Response::TensorData(data.into()))
+            }
+            Request::GetTensor2d(header) => {
+                self.sync_devices();
+                let (first, span) = self.rows(&header)?;
+                let _ = span;
+                let total = header.data_len(crate::wire::Command::GetTensor2d)?;
+                let mut data = vec![0u8; to_usize(total)?];
+                let size = to_usize(header.size)?;
+                for (row, out) in data.chunks_exact_mut(size).enumerate() {
+                    let at = TensorLocation {
+                        buffer: first.buffer,
+                        offset: first.offset + row as u64 * header.stride,
+                    };
+                    self.backend.read(at, out)?;
+                }
+                respond(Response::Tensor2dData(data.into()))
+            }
+            Request::MemsetTensor {
+                tensor,
+                offset,
+                size,
+                value,
+            } => {
+                self.sync_devices();
+                let at = self
+                    .buffers
+                    .region(&tensor, offset, size, RegionStart::UpToBufferEnd)?;
+                if size > 0 {
+                    self.backend.fill(at, size, value)?;
+                }
+                Ok(Outcome::Done)
+            }
+            Request::CopyTensor { src, dst } => {
+                self.sync_devices();
+                respond(Response::CopyTensor(self.copy_tensor(&src, &dst)?))
+            }
+            Request::InitTensor { tensor } => {
+                self.sync_devices();
+                // G18: the reference logs and succeeds for an unknown buffer; we refuse.
+                let (_, _) = self.buffers.resolve_in_buffer(&tensor)?;
+                if let Some(at) = self.buffers.location(&tensor)? {
+                    self.backend.init_tensor(at, &tensor)?;
+                }
+                Ok(Outcome::Done)
+            }
+            Request::GetAllocSize(request) => {
+                let device = self.device(request.device)?;
+                request.tensor.validate_shape()?;
+                respond(Response::AllocSize(
+                    self.backend.alloc_size(device, &request.tensor)?,
+                ))
+            }
+            Request::GraphCompute(request) => {
+                let device = self.device(request.device)?;
+                self.graphs.prepare(device, request.uid);
+                let buffers = &self.buffers;
+                let graph =
+                    Graph::decode(&request, &self.config.graph_limits, &mut |tensor, _| {
+                        buffers.location(tensor)
+                    })?;
+                self.backend.graph_compute(device, &graph)?;
+                self.graphs.store(device, request.uid, Arc::new(graph));
+                Ok(Outcome::Done)
+            }
+            Request::GraphRecompute { device, uid } => {
+                let device = self.device(device)?;
+                let graph = self
+                    .graphs
+                    .get(device, uid)
+                    .ok_or(Error::GraphNotFound { device, uid })?;
+                self.backend.graph_compute(device, &graph)?;
+                Ok(Outcome::Done)
+            }
+            Request::CommInit(request) => self.comm_init(request),
+            Request::CommAllreduce { device, tensor } => {
+                let device = self.device(device)?;
+                if !self.communicators.contains(&device) {
+                    return Err(Error::Comm(format!("no communicator for device {device}")));
+                }
+                let (_, byte_size) = self.buffers.resolve_in_buffer(&tensor)?;
+                if byte_size == 0 {
+                    return Ok(Outcome::Done);
+                }
+                if tensor.type_id != crate::ggml::types::id::F32 {
+                    return Err(Error::Comm("all-reduce needs an F32 tensor".into()));
+                }
+                let elements = tensor.element_count()?;
+                let at =
+                    self.buffers
+                        .region(&tensor, 0, elements * 4, RegionStart::InsideBuffer)?;
+                Ok(Outcome::CommAllreduce {
+                    device,
+                    at,
+                    elements,
+                })
+            }
+            Request::CommFree { device } => {
+                let device = self.device(device)?;
+                if self.communicators.remove(&device) {
+                    self.backend.communicator_free(device);
+                }
+                Ok(Outcome::CommFree { device })
+            }
+        }
+    }
+
+    fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Outcome> {
+        let device = self.device(device)?;
+        if let Some(quota) = self.config.memory_quota {
+            let total = self.buffers.total_bytes().saturating_add(size);
+            if total > quota {
+                return Err(Error::QuotaExceeded(format!(
+                    "{total} bytes of buffers requested, quota {quota}"
+                )));
+            }
+        }
+        let failed = Outcome::Respond(Response::AllocBuffer {
+            remote_ptr: 0,
+            remote_size: 0,
+        });
+        let Some(buffer) = self.backend.alloc_buffer(device, size) else {
+            return Ok(failed);
+        };
+        match self.buffers.insert(buffer.id, device, buffer.size) {
+            Some(handle) => Ok(Outcome::Respond(Response::AllocBuffer {
+                remote_ptr: handle,
+                remote_size: buffer.size,
+            })),
+            None => {
+                self.backend.free_buffer(buffer.id);
+                Ok(failed)
+            }
+        }
+    }
+
+    /// Checks a 2D request and returns the first row's location and the span.
+    fn rows(&self, header: &Tensor2dHeader) -> Result<(TensorLocation, u64)> {
+        let span = header.span()?;
+        let first = self.buffers.region(
+            &header.tensor,
+            header.offset,
+            span,
+            RegionStart::UpToBufferEnd,
+        )?;
+        Ok((first, span))
+    }
+
+    fn begin_write(&mut self, write: TensorWrite, data_len: u64) -> Result<()> {
+        self.sync_devices();
+        let (target, cache_flag) = match &write {
+            TensorWrite::Set(header) => {
+                let at = self.buffers.region(
+                    &header.tensor,
+                    header.offset,
+                    data_len,
+                    RegionStart::InsideBuffer,
+                )?;
+                (WriteTarget::Contiguous(at), header.cache_flag != 0)
+            }
+            TensorWrite::Set2d(header) => {
+                let (first, _) = self.rows(header)?;
+                (
+                    WriteTarget::Rows {
+                        first,
+                        size: header.size,
+                        stride: header.stride,
+                    },
+                    false,
+                )
+            }
+        };
+        let cache = match (&self.config.tensor_cache, cache_flag) {
+            (Some(cache), true) => Some((Fnv1a64::default(), cache.begin_store()?)),
+            _ => None,
+        };
+        self.stream = Some(StreamedWrite {
+            target,
+            written: 0,
+            cache,
+        });
+        Ok(())
+    }
+
+    fn write_chunk(&mut self, mut chunk: &[u8]) -> Result<()> {
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or(Error::InvalidState("data without a write"))?;
+        if let Some((hasher, writer)) = stream.cache.as_mut() {
+            hasher.update(chunk);
+            writer.append(chunk)?;
+        }
+        match stream.target {
+            WriteTarget::Contiguous(at) => {
+                let at = TensorLocation {
+                    buffer: at.buffer,
+                    offset: at.offset + stream.written,
+                };
+                self.backend.write(at, chunk)?;
+                stream.written += chunk.len() as u64;
+            }
+            WriteTarget::Rows {
+                first,
+                size,
+                stride,
+            } => {
+                while !chunk.is_empty() {
+                    let row = stream.written / size;
+                    let within = stream.written % size;
+                    let take = (size - within).min(chunk.len() as u64) as usize;
+                    let at = TensorLocation {
+                        buffer: first.buffer,
+                        offset: first.offset + row * stride + within,
+                    };
+                    self.backend.write(at, &chunk[..take])?;
+                    stream.written += take as u64;
+                    chunk = &chunk[take..];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_write(&mut self) -> Result<()> {
+        let stream = self
+            .stream
+            .take()
+            .ok_or(Error::InvalidState("end without a write"))?;
+        if let Some((hasher, writer)) = stream.cache {
+            writer.commit(hasher.finish())?;
+        }
+        Ok(())
+    }
+
+    fn set_tensor_from_cache(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> Result<u8> {
+        let Some(cache) = self.config.tensor_cache.clone() else {
+            return Ok(0);
+        };
+        let Some(len) = cache.len(hash) else {
+            return Ok(0);
+        };
+        let at = self
+            .buffers
+            .region(tensor, offset, len, RegionStart::InsideBuffer)?;
+        let mut hasher = Fnv1a64::default();
+        let mut written = 0u64;
+        cache.read(hash, &mut |piece| {
+            hasher.update(piece);
+            let end = written
+                .checked_add(piece.len() as u64)
+                .filter(|&end| end <= len);
+            let end = end.ok_or(Error::Backend("cache entry changed while reading".into()))?;
+            self.backend.write(
+                TensorLocation {
+                    buffer: at.buffer,
+                    offset: at.offset + written,
+                },
+                piece,
+            )?;
+            written = end;
+            Ok(())
+        })?;
+        // G15: the reference trusts the file name; a corrupt entry is dropped and reported as a
+        // miss, so the client sends the data again and overwrites what was written.
+        if written != len || hasher.finish() != hash {
+            cache.remove(hash);
+            return Ok(0);
+        }
+        Ok(1)
+    }
+
+    fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<u8> {
+        let (_, src_size) = self.buffers.resolve_in_buffer(src)?;
+        let (dst_entry, dst_size) = self.buffers.resolve_in_buffer(dst)?;
+        // The reference checks only that the write ends inside the destination buffer; G19 adds
+        // the destination tensor's own size.
+        let end = dst
+            .data
+            .checked_add(src_size)
+            .ok_or(Error::SizeOverflow("dst + nbytes"))?;
+        if end > dst_entry.base + dst_entry.size || src_size > dst_size {
+            return Err(Error::OutOfBounds(
+                "copy_tensor writes past its destination",
+            ));
+        }
+        if src_size == 0 {
+            return Ok(1);
+        }
+        let from = self
+            .buffers
+            .region(src, 0, src_size, RegionStart::InsideBuffer)?;
+        let to = self
+            .buffers
+            .region(dst, 0, src_size, RegionStart::InsideBuffer)?;
+        Ok(u8::from(self.backend.copy(from, to, src_size)?))
+    }
+
+    fn comm_init(&mut self, request: Box<CommInitRequest>) -> Result<Outcome> {
+        let refuse = Ok(Outcome::Respond(Response::CommInit(0)));
+        // COMM_INIT never closes the connection over its arguments: it answers 0.
+        if request.device >= self.backend.device_count()
+            || request.rank >= request.world
+            || request.world < 2
+        {
+            return refuse;
+        }
+        if self.communicators.contains(&request.device) {
+            return Ok(Outcome::Respond(Response::CommInit(1)));
+        }
+        self.sync_devices();
+        Ok(Outcome::CommInit(request))
+    }
+
+    /// Records the result of a comm link set-up started by [`Outcome::CommInit`] and returns
+    /// the response to send.
+    pub fn finish_comm_init(&mut self, device: u32, ok: bool) -> Response {
+        if ok {
+            self.communicators.insert(device);
+        }
+        Response::CommInit(u8::from(ok))
+    }
+
+    /// Frees everything the connection held (also done on drop).
+    pub fn close(&mut self) {
+        self.stream = None;
+        self.graphs.invalidate_all();
+        for device in self.communicators.drain() {
+            self.backend.communicator_free(device);
+        }
+        let backend = self.backend.clone();
+        for entry in self.buffers.drain() {
+            backend.free_buffer(entry.id);
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Drop for Dispatcher<B> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn to_usize(n: u64) -> Result<usize> {
+    usize::try_from(n).map_err(|_| Error::SizeOverflow("length exceeds the address space"))
+}

@@ -1,0 +1,27 @@
+//! Sans-IO core of the ggml RPC protocol (llama.cpp's RPC backend).
+//!
+//! Bytes in, events out; responses in, bytes out. Nothing here touches a socket, a file, a
+//! thread, a clock or an async runtime: shells (`shell-tokio`, `shell-uring`, ...) move the
+//! bytes, backends execute the requests behind [`backend::Backend`].
+//!
+//! * [`wire`]: the codec of every message of protocols 7.0.0 and 8.0.0.
+//! * [`session`]: the server and client connection state machines.
+//! * [`graph`]: GRAPH_COMPUTE payloads decoded into an owned, validated graph.
+//! * [`backend`] and [`dispatch`]: the device trait and the one command implementation that
+//!   turns requests into backend calls.
+//! * [`comm`]: the server-to-server link (handshake, bootstrap exchange, pairwise all-reduce).
+//! * [`tensor_cache`]: the FNV-1a keys of the SET_TENSOR_HASH cache.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod comm;
+pub mod dispatch;
+pub mod error;
+pub mod ggml;
+pub mod graph;
+pub mod session;
+pub mod tensor_cache;
+pub mod wire;
+
+pub use error::{Error, ErrorKind, Result};

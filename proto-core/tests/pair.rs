@@ -1,0 +1,499 @@
+//! Our client session and our server session (with the dispatcher over the in-memory backend)
+//! driven against each other in memory, in the style of quinn-proto's `Pair`: no sockets, every
+//! byte stream cut at random points.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proto_core::backend::MemoryBackend;
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::ggml::types::id;
+use proto_core::session::{
+    ClientEvent, ClientSession, GraphSubmission, ServerEvent, ServerSession, ServerSessionConfig,
+};
+use proto_core::tensor_cache::{fnv1a64, MemoryTensorCache};
+use proto_core::wire::{
+    GraphComputeRequest, ProtocolVersion, Request, Response, RpcTensor, SetTensorHeader,
+    Tensor2dHeader,
+};
+use proto_core::{Error, ErrorKind};
+
+/// A tiny deterministic PRNG so splits are random but reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+struct Pair {
+    client: ClientSession,
+    server: ServerSession,
+    dispatcher: Dispatcher<MemoryBackend>,
+    backend: Arc<MemoryBackend>,
+    rng: Rng,
+    /// Largest TensorData chunk the server produced.
+    largest_chunk: usize,
+    server_error: Option<Error>,
+}
+
+impl Pair {
+    fn new(client_version: ProtocolVersion, server_version: ProtocolVersion, seed: u64) -> Pair {
+        Pair::with_config(client_version, DispatcherConfig::new(server_version), seed)
+    }
+
+    fn with_config(client_version: ProtocolVersion, config: DispatcherConfig, seed: u64) -> Pair {
+        let backend = Arc::new(MemoryBackend::new(2, 1 << 30));
+        let dialect = config.version.dialect().unwrap();
+        Pair {
+            client: ClientSession::new(client_version, [0; 24]).unwrap(),
+            server: ServerSession::new(ServerSessionConfig::new(dialect)),
+            dispatcher: Dispatcher::new(backend.clone(), config).unwrap(),
+            backend,
+            rng: Rng(seed | 1),
+            largest_chunk: 0,
+            server_error: None,
+        }
+    }
+
+    /// Moves bytes both ways, cut at random points, until nothing moves. Returns the client's
+    /// events; a server error is kept in `server_error` (the server would close).
+    fn drive(&mut self) -> Result<Vec<ClientEvent>, Error> {
+        let mut events = Vec::new();
+        loop {
+            let mut moved = false;
+            while let Some(bytes) = self.client.poll_transmit() {
+                moved = true;
+                self.feed_server(bytes);
+            }
+            if self.server_error.is_none() {
+                if let Err(error) = self.run_server() {
+                    self.server_error = Some(error);
+                }
+            }
+            while let Some(bytes) = self.server.poll_transmit() {
+                moved = true;
+                let mut rest = bytes;
+                while !rest.is_empty() {
+                    let cut = 1 + self.rng.below(rest.len());
+                    self.client.handle_input(rest.split_to(cut));
+                }
+            }
+            while let Some(event) = self.client.poll_event()? {
+                events.push(event);
+            }
+            if !moved {
+                return Ok(events);
+            }
+        }
+    }
+
+    fn feed_server(&mut self, mut bytes: Bytes) {
+        while !bytes.is_empty() {
+            let cut = 1 + self.rng.below(bytes.len().min(1 << 20));
+            self.server.handle_input(bytes.split_to(cut));
+        }
+    }
+
+    fn run_server(&mut self) -> Result<(), Error> {
+        while let Some(event) = self.server.poll_event()? {
+            if let ServerEvent::TensorData(chunk) = &event {
+                self.largest_chunk = self.largest_chunk.max(chunk.len());
+            }
+            match self.dispatcher.handle(event)? {
+                Outcome::Done | Outcome::CommFree { .. } => {}
+                Outcome::Respond(response) => self.server.send_response(&response)?,
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self) -> ClientEvent {
+        let events = self.drive().unwrap();
+        assert_eq!(events.len(), 1);
+        events.into_iter().next().unwrap()
+    }
+
+    fn call(&mut self, request: Request) -> Response {
+        self.client.send(&request).unwrap();
+        let events = self.drive().unwrap();
+        match events.as_slice() {
+            [ClientEvent::Response(response)] => response.clone(),
+            other => panic!(
+                "expected one response, got {other:?} (server: {:?})",
+                self.server_error
+            ),
+        }
+    }
+
+    fn cast(&mut self, request: Request) {
+        self.client.send(&request).unwrap();
+        assert!(self.drive().unwrap().is_empty());
+    }
+
+    /// Allocates a buffer and returns (handle, base).
+    fn alloc(&mut self, size: u64) -> (u64, u64) {
+        let Response::AllocBuffer {
+            remote_ptr,
+            remote_size,
+        } = self.call(Request::AllocBuffer { device: 0, size })
+        else {
+            panic!("bad alloc response");
+        };
+        assert_ne!(remote_ptr, 0);
+        assert_eq!(remote_size, size);
+        let Response::BufferBase(base) = self.call(Request::BufferGetBase { buffer: remote_ptr })
+        else {
+            panic!("bad base response");
+        };
+        (remote_ptr, base)
+    }
+}
+
+fn tensor_at(id: u64, buffer: u64, data: u64, ne: [u32; 4]) -> RpcTensor {
+    let mut tensor = RpcTensor::contiguous(id, id::F32, ne).unwrap();
+    tensor.buffer = buffer;
+    tensor.data = data;
+    tensor
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn handshake_reports_version_and_cache_flag() {
+    for (version, seed) in [(ProtocolVersion::V7_0_0, 1), (ProtocolVersion::V8_0_0, 2)] {
+        let mut pair = Pair::new(version, version, seed);
+        let ClientEvent::Connected(hello) = pair.connect() else {
+            panic!()
+        };
+        assert_eq!(hello.version, version);
+        assert!(!hello.has_tensor_cache());
+    }
+    let mut config = DispatcherConfig::new(ProtocolVersion::V8_0_0);
+    config.tensor_cache = Some(Arc::new(MemoryTensorCache::default()));
+    let mut pair = Pair::with_config(ProtocolVersion::V8_0_0, config, 3);
+    let ClientEvent::Connected(hello) = pair.connect() else {
+        panic!()
+    };
+    assert!(hello.has_tensor_cache());
+}
+
+#[test]
+fn client_rejects_a_server_of_another_major() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V7_0_0, 4);
+    let error = pair.drive().unwrap_err();
+    assert_eq!(
+        error,
+        Error::VersionMismatch {
+            major: 7,
+            minor: 0,
+            patch: 0
+        }
+    );
+}
+
+#[test]
+fn pipelined_small_commands_come_back_in_order() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 5);
+    pair.client.send(&Request::DeviceCount).unwrap();
+    pair.client
+        .send(&Request::GetAlignment { device: 1 })
+        .unwrap();
+    pair.client
+        .send(&Request::GetMaxSize { device: 0 })
+        .unwrap();
+    pair.client
+        .send(&Request::GetDeviceMemory { device: 0 })
+        .unwrap();
+    let events = pair.drive().unwrap();
+    assert_eq!(
+        events[1..],
+        [
+            ClientEvent::Response(Response::DeviceCount(2)),
+            ClientEvent::Response(Response::Alignment(32)),
+            ClientEvent::Response(Response::MaxSize(1 << 30)),
+            ClientEvent::Response(Response::DeviceMemory {
+                free: 1 << 30,
+                total: 1 << 30
+            }),
+        ]
+    );
+}
+
+#[test]
+fn set_and_get_round_trip_in_bounded_chunks() {
+    for (version, seed) in [(ProtocolVersion::V7_0_0, 6), (ProtocolVersion::V8_0_0, 7)] {
+        let mut pair = Pair::new(version, version, seed);
+        pair.connect();
+        let len = 40 << 20; // more than two 16 MiB chunks
+        let (buffer, base) = pair.alloc(len as u64 + 64);
+        let tensor = tensor_at(1, buffer, base + 64, [(len / 4) as u32, 1, 1, 1]);
+        let data = Bytes::from(pattern(len, 9));
+        pair.cast(Request::SetTensor {
+            header: Box::new(SetTensorHeader {
+                tensor: tensor.clone(),
+                cache_flag: 0,
+                offset: 0,
+            }),
+            data: data.clone(),
+        });
+        assert!(pair.largest_chunk <= 16 << 20 && pair.largest_chunk > 0);
+        let response = pair.call(Request::GetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset: 0,
+            size: len as u64,
+        });
+        assert_eq!(response, Response::TensorData(data.clone()));
+        // odd offset and size
+        let response = pair.call(Request::GetTensor {
+            tensor: Box::new(tensor),
+            offset: 7,
+            size: 13,
+        });
+        assert_eq!(response, Response::TensorData(data.slice(7..20)));
+    }
+}
+
+#[test]
+fn memset_copy_clear_and_2d() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 8);
+    pair.connect();
+    let (buffer, base) = pair.alloc(4096);
+    let a = tensor_at(1, buffer, base, [64, 1, 1, 1]);
+    let b = tensor_at(2, buffer, base + 256, [64, 1, 1, 1]);
+    pair.cast(Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor: a.clone(),
+            cache_flag: 0,
+            offset: 0,
+        }),
+        data: Bytes::from(pattern(256, 1)),
+    });
+    assert_eq!(
+        pair.call(Request::CopyTensor {
+            src: Box::new(a.clone()),
+            dst: Box::new(b.clone())
+        }),
+        Response::CopyTensor(1)
+    );
+    pair.cast(Request::MemsetTensor {
+        tensor: Box::new(b.clone()),
+        offset: 4,
+        size: 8,
+        value: 0xee,
+    });
+    let Response::TensorData(got) = pair.call(Request::GetTensor {
+        tensor: Box::new(b.clone()),
+        offset: 0,
+        size: 256,
+    }) else {
+        panic!()
+    };
+    let mut expected = pattern(256, 1);
+    expected[4..12].fill(0xee);
+    assert_eq!(&got[..], &expected[..]);
+
+    // 2D: three rows of 8 bytes every 32 bytes
+    let rows = Tensor2dHeader {
+        tensor: a.clone(),
+        offset: 16,
+        size: 8,
+        n_copies: 3,
+        stride: 32,
+    };
+    pair.cast(Request::SetTensor2d {
+        header: Box::new(rows.clone()),
+        data: Bytes::from(vec![7u8; 24]),
+    });
+    assert_eq!(
+        pair.call(Request::GetTensor2d(Box::new(rows))),
+        Response::Tensor2dData(Bytes::from(vec![7u8; 24]))
+    );
+    let Response::TensorData(got) = pair.call(Request::GetTensor {
+        tensor: Box::new(a.clone()),
+        offset: 0,
+        size: 256,
+    }) else {
+        panic!()
+    };
+    let mut expected = pattern(256, 1);
+    for row in 0..3 {
+        expected[16 + 32 * row..24 + 32 * row].fill(7);
+    }
+    assert_eq!(&got[..], &expected[..]);
+
+    pair.cast(Request::BufferClear { buffer, value: 0 });
+    let Response::TensorData(got) = pair.call(Request::GetTensor {
+        tensor: Box::new(a),
+        offset: 0,
+        size: 256,
+    }) else {
+        panic!()
+    };
+    assert!(got.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn tensor_cache_hit_miss_and_corrupt_entry() {
+    let cache = Arc::new(MemoryTensorCache::default());
+    let mut config = DispatcherConfig::new(ProtocolVersion::V8_0_0);
+    config.tensor_cache = Some(cache.clone());
+    let mut pair = Pair::with_config(ProtocolVersion::V8_0_0, config, 10);
+    pair.connect();
+    let (buffer, base) = pair.alloc(1024);
+    let tensor = tensor_at(1, buffer, base, [256, 1, 1, 1]);
+    let data = pattern(1024, 3);
+    let hash = fnv1a64(&data);
+    let ask = |tensor: &RpcTensor| Request::SetTensorHash {
+        tensor: Box::new(tensor.clone()),
+        offset: 0,
+        hash,
+    };
+    assert_eq!(pair.call(ask(&tensor)), Response::SetTensorHash(0));
+    pair.cast(Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor: tensor.clone(),
+            cache_flag: 1,
+            offset: 0,
+        }),
+        data: Bytes::from(data.clone()),
+    });
+    assert!(cache.contains(hash));
+    pair.cast(Request::BufferClear { buffer, value: 0 });
+    assert_eq!(pair.call(ask(&tensor)), Response::SetTensorHash(1));
+    assert_eq!(
+        pair.call(Request::GetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset: 0,
+            size: 1024
+        }),
+        Response::TensorData(Bytes::from(data))
+    );
+    // A planted entry whose content does not match its name is a miss and gets dropped.
+    cache.insert(77, vec![1; 16]);
+    let planted = Request::SetTensorHash {
+        tensor: Box::new(tensor),
+        offset: 0,
+        hash: 77,
+    };
+    assert_eq!(pair.call(planted), Response::SetTensorHash(0));
+    assert!(!cache.contains(77));
+}
+
+#[test]
+fn closing_frees_everything_the_client_held() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 11);
+    pair.connect();
+    pair.alloc(1000);
+    let (second, _) = pair.alloc(2000);
+    assert_eq!(pair.backend.live_buffers(), 2);
+    pair.cast(Request::FreeBuffer { buffer: second });
+    assert_eq!(pair.backend.live_buffers(), 1);
+    let backend = pair.backend.clone();
+    drop(pair);
+    assert_eq!(backend.live_buffers(), 0);
+    assert_eq!(backend.used_bytes(), 0);
+}
+
+#[test]
+fn hostile_requests_fail_with_their_kind() {
+    let cases: Vec<(Request, ErrorKind)> = vec![
+        (
+            Request::GetAlignment { device: 9 },
+            ErrorKind::InvalidDevice,
+        ),
+        (
+            Request::BufferGetBase { buffer: 12345 },
+            ErrorKind::UnknownBuffer,
+        ),
+        (Request::FreeBuffer { buffer: 0 }, ErrorKind::UnknownBuffer),
+        (
+            Request::GraphRecompute { device: 0, uid: 5 },
+            ErrorKind::GraphNotFound,
+        ),
+    ];
+    for (seed, (request, kind)) in cases.into_iter().enumerate() {
+        let mut pair = Pair::new(
+            ProtocolVersion::V8_0_0,
+            ProtocolVersion::V8_0_0,
+            20 + seed as u64,
+        );
+        pair.connect();
+        pair.client.send(&request).unwrap();
+        let _ = pair.drive();
+        assert_eq!(
+            pair.server_error.as_ref().map(Error::kind),
+            Some(kind),
+            "{request:?}"
+        );
+    }
+    // Region checks need a buffer first.
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 40);
+    pair.connect();
+    let (buffer, base) = pair.alloc(256);
+    let outside = tensor_at(1, buffer, base + 128, [64, 1, 1, 1]);
+    pair.client
+        .send(&Request::GetTensor {
+            tensor: Box::new(outside),
+            offset: 0,
+            size: 4,
+        })
+        .unwrap();
+    let _ = pair.drive();
+    assert_eq!(
+        pair.server_error.as_ref().map(Error::kind),
+        Some(ErrorKind::OutOfBounds)
+    );
+}
+
+#[test]
+fn graph_compute_and_recompute_follow_the_uid_cache() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 50);
+    pair.connect();
+    let (buffer, base) = pair.alloc(1024);
+    let mut node = tensor_at(2, buffer, base + 256, [4, 1, 1, 1]);
+    node.op = proto_core::ggml::Op::VIEW.0;
+    node.view_src = 1;
+    node.flags = proto_core::ggml::flags::COMPUTE;
+    let leaf = tensor_at(1, buffer, base + 256, [4, 1, 1, 1]);
+    let graph = GraphComputeRequest {
+        device: 0,
+        uid: 42,
+        node_ids: vec![2],
+        tensors: vec![leaf, node],
+    };
+    assert_eq!(
+        pair.client.graph_submission(0, 42),
+        GraphSubmission::Compute
+    );
+    pair.cast(Request::GraphCompute(Box::new(graph)));
+    assert_eq!(
+        pair.client.graph_submission(0, 42),
+        GraphSubmission::Recompute
+    );
+    pair.cast(Request::GraphRecompute { device: 0, uid: 42 });
+    assert_eq!(pair.backend.graphs_run(), 2);
+    // FREE_BUFFER invalidates stored graphs: a recompute then closes the connection.
+    pair.cast(Request::FreeBuffer { buffer });
+    pair.client
+        .send(&Request::GraphRecompute { device: 0, uid: 42 })
+        .unwrap();
+    let _ = pair.drive();
+    assert_eq!(
+        pair.server_error.as_ref().map(Error::kind),
+        Some(ErrorKind::GraphNotFound)
+    );
+}

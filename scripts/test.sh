@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's one test command (README.md, "Run every test"). On a fresh machine it installs
+# what the tests need (Rust components, cargo-fuzz, Debian packages, the llama.cpp peers), then
+# runs formatting and lint checks, the workspace tests, the interop tests against the real
+# llama.cpp, and every fuzz target for a bounded time.
+#
+# Environment:
+#   FUZZ_SECONDS   seconds per fuzz target (default 60)
+#   SKIP_FUZZ=1    skip the fuzz stage (local iterations only; CI never sets it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "toolchain"
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "workspace tests"
+cargo nextest run --workspace --no-fail-fast
+# doc tests are not run by nextest
+cargo test --workspace --doc
+
+step "fuzz (${FUZZ_SECONDS}s per target)"
+if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+    bash scripts/fuzz.sh "$FUZZ_SECONDS"
+fi
