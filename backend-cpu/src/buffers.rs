@@ -1,0 +1,399 @@
+//! Host memory: the buffer table, fallible lazily-zeroed allocation, bounds-checked regions and
+//! the locking rules.
+//!
+//! # Allocation
+//! A buffer is a `Box<[u128]>` obtained from `alloc_zeroed` (through
+//! [`bytemuck::allocation::try_zeroed_slice_box`]). With an element alignment of 16, which is
+//! not above the system allocator's minimum alignment, `alloc_zeroed` becomes `calloc`, and for
+//! large sizes the C library maps fresh zero pages instead of writing zeros: a 1 GiB buffer costs
+//! no resident memory until it is written. A larger element alignment would make std zero the
+//! memory by hand, committing every page at allocation time. Failure (including sizes beyond
+//! `isize::MAX`) is a soft `None`, never an abort. The `u128` elements also give every buffer a
+//! 16-byte aligned base, which the compute engine can rely on for typed access.
+//!
+//! # Locking
+//! The table itself sits behind one `RwLock` that is held only long enough to clone an
+//! `Arc<HostBuffer>` (or to insert/remove one); each buffer's bytes have their own `RwLock`.
+//! Transfers of different buffers therefore never wait for each other, and reads of one buffer
+//! can run side by side. An operation that locks two buffers (a copy) locks them in ascending
+//! [`BufferId`] order, so two opposite copies between the same pair cannot deadlock.
+//!
+//! # Accounting
+//! Each buffer decrements the shared counters when it is dropped, i.e. when the last `Arc` goes
+//! away, so [`BufferPool::used_bytes`] never reports memory as returned while a concurrent
+//! operation still holds it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use proto_core::backend::{BufferId, TensorLocation};
+use proto_core::{Error, Result};
+
+/// The storage element: 16 bytes, 16-byte aligned on the 64-bit targets we build for.
+type Word = u128;
+
+/// Clearing a buffer at least this large to zero swaps in fresh zero pages instead of writing
+/// zeros (llama.cpp clears whole KV-cache buffers with 0; this keeps them lazily committed).
+/// Below it, `memset` is cheaper than a new allocation.
+const FRESH_ZERO_THRESHOLD: usize = 1 << 20;
+
+/// Allocates `len` zero bytes as words, or `None` when the allocator refuses.
+fn zeroed_words(len: usize) -> Option<Box<[Word]>> {
+    // `Layout::array` inside rejects anything above isize::MAX bytes; checked here as well so
+    // the rounding up to whole words cannot carry a size just below the limit over it.
+    if isize::try_from(len).is_err() {
+        return None;
+    }
+    let words = len.div_ceil(std::mem::size_of::<Word>());
+    bytemuck::allocation::try_zeroed_slice_box::<Word>(words).ok()
+}
+
+/// Live-buffer statistics shared by the pool and its buffers.
+#[derive(Debug, Default)]
+struct Stats {
+    used_bytes: AtomicU64,
+    live_buffers: AtomicUsize,
+}
+
+/// One host-memory buffer.
+#[derive(Debug)]
+pub(crate) struct HostBuffer {
+    /// Usable size in bytes (the word storage may be up to 15 bytes longer).
+    len: usize,
+    words: RwLock<Box<[Word]>>,
+    stats: Arc<Stats>,
+}
+
+impl HostBuffer {
+    /// The buffer's size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Shared access to the bytes.
+    pub(crate) fn read(&self) -> ReadBytes<'_> {
+        // A panic while holding the lock cannot leave the bytes in a state that matters to
+        // the protocol (they are plain data), so a poisoned lock stays usable.
+        ReadBytes {
+            guard: self.words.read().unwrap_or_else(|p| p.into_inner()),
+            len: self.len,
+        }
+    }
+
+    /// Exclusive access to the bytes.
+    pub(crate) fn write(&self) -> WriteBytes<'_> {
+        WriteBytes {
+            guard: self.words.write().unwrap_or_else(|p| p.into_inner()),
+            len: self.len,
+        }
+    }
+
+    /// Sets every byte to `value`.
+    pub(crate) fn clear(&self, value: u8) {
+        let mut bytes = self.write();
+        if value == 0 && self.len >= FRESH_ZERO_THRESHOLD {
+            // Same result as writing zeros, but the new pages stay uncommitted until used and
+            // the old ones go back to the OS. If the allocator refuses, fall back to writing.
+            if let Some(fresh) = zeroed_words(self.len) {
+                let old = std::mem::replace(&mut *bytes.guard, fresh);
+                // Unmapping the old storage does not need the lock.
+                drop(bytes);
+                drop(old);
+                return;
+            }
+        }
+        bytes.bytes_mut().fill(value);
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        self.stats
+            .used_bytes
+            .fetch_sub(self.len as u64, Ordering::Relaxed);
+        self.stats.live_buffers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A read lock on a buffer, viewed as its `len` bytes.
+pub(crate) struct ReadBytes<'a> {
+    guard: RwLockReadGuard<'a, Box<[Word]>>,
+    len: usize,
+}
+
+impl ReadBytes<'_> {
+    /// The buffer's bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<Word, u8>(&self.guard)[..self.len]
+    }
+}
+
+/// A write lock on a buffer, viewed as its `len` bytes.
+pub(crate) struct WriteBytes<'a> {
+    guard: RwLockWriteGuard<'a, Box<[Word]>>,
+    len: usize,
+}
+
+impl WriteBytes<'_> {
+    /// The buffer's bytes, writable.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<Word, u8>(&mut self.guard)[..self.len]
+    }
+}
+
+/// `[offset, offset + len)` as a slice range of a buffer of `size` bytes, or `OutOfBounds`.
+///
+/// The dispatcher has already checked every region against its buffer; this is the defensive
+/// second check that turns a mistake there into an error instead of a panic.
+pub(crate) fn region(size: usize, offset: u64, len: u64) -> Result<Range<usize>> {
+    let start = usize::try_from(offset).map_err(|_| Error::OutOfBounds("backend region offset"))?;
+    let len = usize::try_from(len).map_err(|_| Error::OutOfBounds("backend region length"))?;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start..end),
+        _ => Err(Error::OutOfBounds("backend region outside the buffer")),
+    }
+}
+
+/// Every live buffer of a backend.
+#[derive(Debug)]
+pub(crate) struct BufferPool {
+    next_id: AtomicU64,
+    buffers: RwLock<HashMap<BufferId, Arc<HostBuffer>>>,
+    stats: Arc<Stats>,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        BufferPool {
+            // Ids start at 1 so a zeroed id is never a live buffer.
+            next_id: AtomicU64::new(1),
+            buffers: RwLock::new(HashMap::new()),
+            stats: Arc::default(),
+        }
+    }
+}
+
+impl BufferPool {
+    /// Allocates a zero-filled buffer of `size` bytes; `None` when it cannot be had.
+    pub(crate) fn alloc(&self, size: u64) -> Option<BufferId> {
+        let len = usize::try_from(size).ok()?;
+        // Allocate before taking the table lock: a large allocation may take a while and must
+        // not stall other connections' lookups.
+        let words = zeroed_words(len)?;
+        self.stats.used_bytes.fetch_add(size, Ordering::Relaxed);
+        self.stats.live_buffers.fetch_add(1, Ordering::Relaxed);
+        let buffer = Arc::new(HostBuffer {
+            len,
+            words: RwLock::new(words),
+            stats: self.stats.clone(),
+        });
+        let id = BufferId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.table_mut().insert(id, buffer);
+        Some(id)
+    }
+
+    /// Forgets a buffer; its memory goes back when the last user lets go of it.
+    pub(crate) fn free(&self, id: BufferId) {
+        let removed = self.table_mut().remove(&id);
+        // Dropped here, outside the table lock: returning a large buffer to the OS takes time.
+        drop(removed);
+    }
+
+    /// The buffer behind an id.
+    pub(crate) fn get(&self, id: BufferId) -> Result<Arc<HostBuffer>> {
+        let table = self.buffers.read().unwrap_or_else(|p| p.into_inner());
+        table
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::Backend(format!("unknown buffer {}", id.0)))
+    }
+
+    /// Runs `f` on the bytes of `len` bytes at `at`, under the buffer's write lock.
+    pub(crate) fn with_region_mut<T>(
+        &self,
+        at: TensorLocation,
+        len: u64,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T> {
+        let buffer = self.get(at.buffer)?;
+        let range = region(buffer.len(), at.offset, len)?;
+        let mut bytes = buffer.write();
+        Ok(f(&mut bytes.bytes_mut()[range]))
+    }
+
+    /// Runs `f` on the bytes of `len` bytes at `at`, under the buffer's read lock.
+    pub(crate) fn with_region<T>(
+        &self,
+        at: TensorLocation,
+        len: u64,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
+        let buffer = self.get(at.buffer)?;
+        let range = region(buffer.len(), at.offset, len)?;
+        let bytes = buffer.read();
+        Ok(f(&bytes.bytes()[range]))
+    }
+
+    /// Copies `len` bytes from `src` to `dst`; overlapping ranges of one buffer behave like
+    /// `memmove`.
+    pub(crate) fn copy(&self, src: TensorLocation, dst: TensorLocation, len: u64) -> Result<()> {
+        let from = self.get(src.buffer)?;
+        let to = self.get(dst.buffer)?;
+        let src_range = region(from.len(), src.offset, len)?;
+        let dst_range = region(to.len(), dst.offset, len)?;
+        if src.buffer == dst.buffer {
+            // One lock; `copy_within` is memmove.
+            let mut bytes = to.write();
+            bytes.bytes_mut().copy_within(src_range, dst_range.start);
+            return Ok(());
+        }
+        // Two locks: always in ascending id order (see the module documentation).
+        let (source, mut target);
+        if src.buffer < dst.buffer {
+            source = from.read();
+            target = to.write();
+        } else {
+            target = to.write();
+            source = from.read();
+        }
+        target.bytes_mut()[dst_range].copy_from_slice(&source.bytes()[src_range]);
+        Ok(())
+    }
+
+    /// Bytes held by live buffers (their requested sizes).
+    pub(crate) fn used_bytes(&self) -> u64 {
+        self.stats.used_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Number of live buffers.
+    pub(crate) fn live_buffers(&self) -> usize {
+        self.stats.live_buffers.load(Ordering::Relaxed)
+    }
+
+    fn table_mut(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<BufferId, Arc<HostBuffer>>> {
+        // Every mutation of the table is a single insert or remove, so a poisoned lock still
+        // guards a consistent map.
+        self.buffers.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(buffer: BufferId, offset: u64) -> TensorLocation {
+        TensorLocation { buffer, offset }
+    }
+
+    #[test]
+    fn region_rejects_everything_outside_without_panicking() {
+        assert_eq!(region(10, 0, 10).unwrap(), 0..10);
+        assert_eq!(region(10, 10, 0).unwrap(), 10..10);
+        assert!(region(10, 11, 0).is_err());
+        assert!(region(10, 5, 6).is_err());
+        assert!(region(10, u64::MAX, 1).is_err());
+        assert!(region(10, 1, u64::MAX).is_err());
+        assert!(region(usize::MAX, usize::MAX as u64, 1).is_err());
+    }
+
+    #[test]
+    fn buffers_start_zeroed_and_are_sized_exactly() {
+        let pool = BufferPool::default();
+        for size in [0u64, 1, 15, 16, 17, 1000] {
+            let id = pool.alloc(size).unwrap();
+            let buffer = pool.get(id).unwrap();
+            assert_eq!(buffer.len() as u64, size);
+            assert!(buffer.read().bytes().iter().all(|&b| b == 0));
+            // A region may not reach into the word padding.
+            assert!(pool.with_region(at(id, 0), size + 1, |_| ()).is_err());
+        }
+    }
+
+    #[test]
+    fn impossible_sizes_are_soft_failures() {
+        let pool = BufferPool::default();
+        assert!(pool.alloc(u64::MAX).is_none());
+        assert!(pool.alloc(isize::MAX as u64 + 1).is_none());
+        // Just below the limit: rounding to whole words must not overflow either.
+        assert!(pool.alloc(isize::MAX as u64).is_none());
+        assert_eq!(pool.live_buffers(), 0);
+        assert_eq!(pool.used_bytes(), 0);
+    }
+
+    #[test]
+    fn accounting_follows_the_last_reference() {
+        let pool = BufferPool::default();
+        let a = pool.alloc(100).unwrap();
+        let b = pool.alloc(28).unwrap();
+        assert_eq!((pool.used_bytes(), pool.live_buffers()), (128, 2));
+        let held = pool.get(a).unwrap();
+        pool.free(a);
+        assert!(pool.get(a).is_err());
+        // Still counted while an operation holds it.
+        assert_eq!((pool.used_bytes(), pool.live_buffers()), (128, 2));
+        drop(held);
+        assert_eq!((pool.used_bytes(), pool.live_buffers()), (28, 1));
+        pool.free(b);
+        pool.free(b); // freeing twice is harmless
+        assert_eq!((pool.used_bytes(), pool.live_buffers()), (0, 0));
+    }
+
+    #[test]
+    fn clear_to_zero_of_a_large_buffer_swaps_storage_with_the_same_result() {
+        let pool = BufferPool::default();
+        let size = FRESH_ZERO_THRESHOLD + 3;
+        let id = pool.alloc(size as u64).unwrap();
+        let buffer = pool.get(id).unwrap();
+        buffer.clear(0xab);
+        assert!(buffer.read().bytes().iter().all(|&b| b == 0xab));
+        buffer.clear(0);
+        assert_eq!(buffer.len(), size);
+        assert!(buffer.read().bytes().iter().all(|&b| b == 0));
+        assert_eq!(pool.used_bytes(), size as u64);
+    }
+
+    #[test]
+    fn same_buffer_copy_is_memmove_in_both_directions() {
+        let pool = BufferPool::default();
+        let id = pool.alloc(16).unwrap();
+        let pattern: Vec<u8> = (0..16).collect();
+        pool.with_region_mut(at(id, 0), 16, |b| b.copy_from_slice(&pattern))
+            .unwrap();
+        // forward overlap
+        pool.copy(at(id, 0), at(id, 4), 8).unwrap();
+        let got = pool.with_region(at(id, 0), 16, <[u8]>::to_vec).unwrap();
+        assert_eq!(got, [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]);
+        // backward overlap
+        pool.with_region_mut(at(id, 0), 16, |b| b.copy_from_slice(&pattern))
+            .unwrap();
+        pool.copy(at(id, 4), at(id, 0), 8).unwrap();
+        let got = pool.with_region(at(id, 0), 16, <[u8]>::to_vec).unwrap();
+        assert_eq!(
+            got,
+            [4, 5, 6, 7, 8, 9, 10, 11, 8, 9, 10, 11, 12, 13, 14, 15]
+        );
+    }
+
+    #[test]
+    fn opposite_copies_between_two_buffers_do_not_deadlock() {
+        let pool = Arc::new(BufferPool::default());
+        let a = pool.alloc(4096).unwrap();
+        let b = pool.alloc(4096).unwrap();
+        let threads: Vec<_> = [(a, b), (b, a), (a, b), (b, a)]
+            .into_iter()
+            .map(|(src, dst)| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        pool.copy(at(src, i % 64), at(dst, 64), 1024).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+}

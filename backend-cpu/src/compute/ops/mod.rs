@@ -1,0 +1,233 @@
+//! The kernels, one file per op family, and what they share.
+//!
+//! | file | ops |
+//! |---|---|
+//! | `copy.rs` | DUP, CPY, CONT (type conversion, quantization, dequantization), CONCAT, REPEAT |
+//! | `rows.rs` | GET_ROWS, SET_ROWS |
+//! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, and the element-wise maps |
+//! | `unary.rs` | the maps' math: UNARY sub-ops, SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU |
+//! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK) |
+//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX |
+//! | `norm.rs` | NORM, RMS_NORM |
+//! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
+//! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
+//! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
+//! | `attention.rs` | FLASH_ATTN_EXT |
+//!
+//! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
+//! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
+//! output element is computed the same way whatever the split, so any thread count gives the
+//! same bytes. Arithmetic follows ggml's CPU backend: f32 compute for every storage type,
+//! `f64` accumulation where ggml uses `ggml_float`, ggml's lookup tables for GELU.
+
+mod attention;
+mod copy;
+mod elementwise;
+mod glu;
+mod mul_mat;
+mod norm;
+mod reduce;
+mod rope;
+mod rows;
+mod softmax;
+mod unary;
+
+use proto_core::Result;
+
+use super::memory::{Arena, Dst, DstPart, NodeMemory, Src};
+use super::plan::{Kernel, Step};
+use super::pool::Pool;
+use super::view::{encode, internal, Input, Layout, Scalar, SrcView};
+
+/// Runs one planned node.
+pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result<()> {
+    let NodeMemory { dst, srcs } = arena.node(&step.dst, &step.srcs)?;
+    let inputs = step
+        .srcs
+        .iter()
+        .zip(srcs)
+        .map(|(layout, src)| match (layout, src) {
+            (Some(layout), Some(Src::Bytes(bytes))) => Some(Input::View(SrcView {
+                bytes,
+                layout: *layout,
+            })),
+            (Some(layout), Some(Src::Dst)) => Some(Input::Dst(*layout)),
+            _ => None,
+        })
+        .collect();
+    let node = Node {
+        step,
+        pool,
+        inputs,
+    };
+    match step.kernel {
+        Kernel::Copy => copy::copy(&node, dst),
+        Kernel::Concat { dim } => copy::concat(&node, dst, dim),
+        Kernel::Repeat => copy::repeat(&node, dst),
+        Kernel::GetRows => rows::get_rows(&node, dst),
+        Kernel::SetRows => rows::set_rows(&node, dst),
+        Kernel::Binary(op) => elementwise::binary(&node, dst, op),
+        Kernel::Add1 => elementwise::add1(&node, dst),
+        Kernel::Map(op) => elementwise::map(&node, dst, op),
+        Kernel::Glu(params) => glu::glu(&node, dst, params),
+        Kernel::SumRows => reduce::sum_rows(&node, dst, false),
+        Kernel::Mean => reduce::sum_rows(&node, dst, true),
+        Kernel::Sum => reduce::sum(&node, dst),
+        Kernel::ArgMax => reduce::argmax(&node, dst),
+        Kernel::Norm { eps } => norm::norm(&node, dst, eps),
+        Kernel::RmsNorm { eps } => norm::rms_norm(&node, dst, eps),
+        Kernel::MulMat => mul_mat::mul_mat(&node, dst),
+        Kernel::MulMatId => mul_mat::mul_mat_id(&node, dst),
+        Kernel::Rope(params) => rope::rope(&node, dst, params),
+        Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
+        Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
+        Kernel::FlashAttn {
+            scale,
+            max_bias,
+            softcap,
+        } => attention::flash_attn(&node, dst, scale, max_bias, softcap),
+    }
+}
+
+/// What a kernel gets besides its destination.
+pub(super) struct Node<'a> {
+    /// The plan of the node.
+    pub step: &'a Step,
+    /// The threads.
+    pub pool: &'a Pool,
+    /// The sources, by slot.
+    pub inputs: Vec<Option<Input<'a>>>,
+}
+
+impl<'a> Node<'a> {
+    /// Source `slot` (read in place or not).
+    pub fn input(&self, slot: usize) -> Result<Input<'a>> {
+        self.inputs
+            .get(slot)
+            .copied()
+            .flatten()
+            .ok_or_else(|| internal("a planned source is missing"))
+    }
+
+    /// Source `slot`, which the plan guarantees is not the destination.
+    pub fn view(&self, slot: usize) -> Result<SrcView<'a>> {
+        match self.input(slot)? {
+            Input::View(view) => Ok(view),
+            Input::Dst(_) => Err(internal("a source that must not alias the destination does")),
+        }
+    }
+
+    /// Optional source `slot`, never the destination.
+    pub fn optional_view(&self, slot: usize) -> Result<Option<SrcView<'a>>> {
+        match self.inputs.get(slot).copied().flatten() {
+            None => Ok(None),
+            Some(_) => self.view(slot).map(Some),
+        }
+    }
+}
+
+/// The destination's element type as a [`Scalar`] (float kernels only write those).
+fn dst_scalar(layout: &Layout) -> Result<Scalar> {
+    Scalar::numeric(layout.type_id).ok_or_else(|| internal("a float kernel with a non-float destination"))
+}
+
+/// The common shape of row kernels: every destination row `idx` is computed from row `idx` of
+/// `src` (same shape as the destination; read in place if it is the destination) by
+/// `f(state, part, idx, src_row, out_row)`, all in f32, and stored in the destination type.
+/// `state` is per work item (`init`), for scratch space and caches. `cost` estimates the work
+/// per element, to decide whether the node is worth spreading over threads.
+pub(super) fn map_rows<S>(
+    node: &Node<'_>,
+    mut dst: Dst<'_>,
+    src: Input<'_>,
+    cost: usize,
+    init: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, &DstPart<'_>, [usize; 3], &[f32], &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
+    let layout = *dst.layout();
+    let scalar = dst_scalar(&layout)?;
+    let ne0 = layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), ne0.saturating_mul(cost));
+    let parts = dst.split_rows(chunk);
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        let mut state = init();
+        let mut x = vec![0.0f32; ne0];
+        let mut y = vec![0.0f32; ne0];
+        let mut bytes = Vec::new();
+        for r in part.rows() {
+            let idx = layout.row_index(r);
+            src.load_f32(&part, idx, &mut x, &mut bytes)?;
+            f(&mut state, &part, idx, &x, &mut y)?;
+            bytes.resize(ne0 * scalar.size(), 0);
+            encode(scalar, &y, &mut bytes);
+            part.write(r, 0, &bytes)?;
+        }
+        Ok(())
+    })
+}
+
+/// C's `MAX(a, b)` macro (`a > b ? a : b`), whose NaN behaviour ggml's results depend on.
+#[inline]
+pub(super) fn c_max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// C's `MIN(a, b)` macro (`a < b ? a : b`).
+#[inline]
+pub(super) fn c_min(a: f32, b: f32) -> f32 {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// ALiBi slope of head `h` (ggml's formula in SOFT_MAX and FLASH_ATTN_EXT); 1 without bias.
+pub(super) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
+    if max_bias <= 0.0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1u32 << (n_head as f64).log2().floor() as u32;
+    let m0 = 2.0f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2.0f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    let h = h as u32;
+    if h < n_head_log2 {
+        m0.powf((h + 1) as f32)
+    } else {
+        m1.powf((2 * (h - n_head_log2) + 1) as f32)
+    }
+}
+
+/// Dot product in f32 with sixteen independent partial sums (the compiler vectorizes it), the
+/// partial sums added pairwise: deterministic for given inputs.
+#[inline]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0] + tail
+}

@@ -1,0 +1,1053 @@
+//! Planning: every check a node must pass, done for the whole graph before anything runs.
+//!
+//! [`build`] turns each node that the CPU backend executes into a [`Step`]: the kernel with its
+//! decoded `op_params`, and the [`Layout`] of the destination and of every source the kernel
+//! reads. A node is refused — and with it the whole graph, before a single byte is written —
+//! when
+//! * its op (or sub-op, or type combination, or parameter) has no kernel here:
+//!   [`Error::OpRefused`];
+//! * its shapes, strides or types break the op's rules as ggml states them (source counts,
+//!   broadcast rules, matching `ne`, index types, ...), a layout reaches beyond its tensor or
+//!   buffer, the destination overlaps itself, or a source overlaps the destination without
+//!   being exactly it (the only aliasing ggml's in-place ops produce): [`Error::InvalidGraph`].
+//!
+//! What cannot be checked here are values read at run time (row ids of GET_ROWS / SET_ROWS,
+//! expert ids of MUL_MAT_ID): their kernels check every id before writing anything.
+//!
+//! Upstream references (llama.cpp b11434): op constructors and their asserts in
+//! `ggml/src/ggml.c`; the CPU kernels' asserts in `ggml/src/ggml-cpu/ops.cpp`, `binary-ops.cpp`,
+//! `unary-ops.cpp` and `ggml-cpu.c`.
+
+use proto_core::backend::BufferId;
+use proto_core::ggml::types::id as ty;
+use proto_core::ggml::{op_name, type_info, GluOp, Op, UnaryOp};
+use proto_core::graph::{Graph, GraphTensor, TensorIndex};
+use proto_core::{Error, Result};
+
+use super::memory::injective;
+use super::quant;
+use super::view::{Layout, Scalar, I64};
+
+/// Why an op without a kernel is refused.
+pub(crate) const NOT_IMPLEMENTED: &str = "not implemented by the CPU backend";
+
+/// One node to execute.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    /// The node's tensor index.
+    pub index: TensorIndex,
+    /// The node's op id.
+    pub op: u32,
+    /// What to run.
+    pub kernel: Kernel,
+    /// Where the result goes.
+    pub dst: Layout,
+    /// The sources the kernel reads, by ggml source slot (`None`: absent, or not read — CPY's
+    /// destination operand, for one).
+    pub srcs: Vec<Option<Layout>>,
+}
+
+/// The kernels, with their decoded `op_params`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Kernel {
+    /// DUP / CPY / CONT: element-order copy with type conversion.
+    Copy,
+    /// GET_ROWS.
+    GetRows,
+    /// SET_ROWS.
+    SetRows,
+    /// ADD / SUB / MUL / DIV with broadcasting of src1.
+    Binary(BinaryOp),
+    /// ADD1: plus a scalar tensor.
+    Add1,
+    /// Element-wise maps: SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU, UNARY.
+    Map(MapOp),
+    /// SUM_ROWS.
+    SumRows,
+    /// MEAN.
+    Mean,
+    /// SUM.
+    Sum,
+    /// ARGMAX.
+    ArgMax,
+    /// NORM.
+    Norm {
+        /// Epsilon.
+        eps: f32,
+    },
+    /// RMS_NORM.
+    RmsNorm {
+        /// Epsilon.
+        eps: f32,
+    },
+    /// MUL_MAT.
+    MulMat,
+    /// MUL_MAT_ID.
+    MulMatId,
+    /// ROPE.
+    Rope(RopeParams),
+    /// SOFT_MAX.
+    SoftMax {
+        /// Scale applied before the mask.
+        scale: f32,
+        /// ALiBi maximum bias (0 = off).
+        max_bias: f32,
+    },
+    /// FLASH_ATTN_EXT.
+    FlashAttn {
+        /// Scale of `q·k`.
+        scale: f32,
+        /// ALiBi maximum bias (0 = off).
+        max_bias: f32,
+        /// Logit soft-capping (0 = off).
+        softcap: f32,
+    },
+    /// GLU.
+    Glu(GluParams),
+    /// CONCAT along `dim`.
+    Concat {
+        /// The dimension.
+        dim: usize,
+    },
+    /// DIAG_MASK_INF / DIAG_MASK_ZERO.
+    DiagMask {
+        /// Columns before the diagonal that stay visible.
+        n_past: usize,
+        /// The masking value (-inf or 0).
+        value: f32,
+    },
+    /// REPEAT.
+    Repeat,
+}
+
+/// The four broadcasting binary ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b`.
+    Div,
+}
+
+/// Element-wise maps `f32 -> f32` (computed in f32 whatever the storage type, as ggml does).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[allow(missing_docs)]
+pub(crate) enum MapOp {
+    Abs,
+    Sgn,
+    Neg,
+    Step,
+    Tanh,
+    Elu,
+    Relu,
+    Sigmoid,
+    /// ggml's tanh GELU through its f16 table (see `ops::unary`).
+    Gelu,
+    /// ggml's quick GELU through its f16 table.
+    GeluQuick,
+    Silu,
+    HardSwish,
+    HardSigmoid,
+    Exp,
+    Expm1,
+    Softplus,
+    GeluErf,
+    Xielu {
+        alpha_n: f32,
+        alpha_p: f32,
+        beta: f32,
+        eps: f32,
+    },
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
+    Sqr,
+    Sqrt,
+    Log,
+    Sin,
+    Cos,
+    /// SCALE: `x * s + b`.
+    Scale {
+        s: f32,
+        b: f32,
+    },
+    /// CLAMP.
+    Clamp {
+        min: f32,
+        max: f32,
+    },
+    /// LEAKY_RELU.
+    LeakyRelu {
+        slope: f32,
+    },
+}
+
+/// ROPE's parameters (`op_params` 1..=14).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct RopeParams {
+    /// Rotated dimensions (even, at most `ne0`).
+    pub n_dims: usize,
+    /// ggml rope mode: 0 normal, 2 neox, 8 mrope, 24 vision, 40 imrope.
+    pub mode: i32,
+    /// Original context length (YaRN).
+    pub n_ctx_orig: i32,
+    /// Base frequency.
+    pub freq_base: f32,
+    /// Frequency scale.
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix.
+    pub ext_factor: f32,
+    /// Magnitude scale.
+    pub attn_factor: f32,
+    /// YaRN low correction dimension parameter.
+    pub beta_fast: f32,
+    /// YaRN high correction dimension parameter.
+    pub beta_slow: f32,
+    /// M-RoPE sections.
+    pub sections: [i32; 4],
+}
+
+/// ggml rope modes.
+pub(crate) mod rope_mode {
+    /// `GGML_ROPE_TYPE_NORMAL`.
+    pub const NORMAL: i32 = 0;
+    /// `GGML_ROPE_TYPE_NEOX`.
+    pub const NEOX: i32 = 2;
+    /// `GGML_ROPE_TYPE_MROPE`.
+    pub const MROPE: i32 = 8;
+    /// `GGML_ROPE_TYPE_VISION`.
+    pub const VISION: i32 = 24;
+    /// `GGML_ROPE_TYPE_IMROPE`.
+    pub const IMROPE: i32 = 40;
+}
+
+/// GLU's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GluParams {
+    /// The gating function.
+    pub op: GluOp,
+    /// Single-tensor form: the gate is the first half instead of the second.
+    pub swapped: bool,
+    /// SWIGLU_OAI's alpha.
+    pub alpha: f32,
+    /// SWIGLU_OAI's limit.
+    pub limit: f32,
+}
+
+/// `GGML_PREC_DEFAULT` and `GGML_PREC_F32`, the precisions FLASH_ATTN_EXT accepts.
+const PREC_DEFAULT: i32 = 0;
+const PREC_F32: i32 = 10;
+
+/// The buffers holding the bytes of computed nodes and their sources, ascending, each once:
+/// the buffers `run` locks.
+pub(crate) fn buffers(graph: &Graph) -> Vec<BufferId> {
+    let mut ids = Vec::new();
+    for (index, node) in graph.compute_nodes() {
+        if node.op().is_view() {
+            continue;
+        }
+        for used in std::iter::once(index).chain(node.sources()) {
+            if let Some(location) = graph.tensor(used).location {
+                ids.push(location.buffer);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Plans every node of `graph`; the first node that cannot run refuses the graph.
+/// `buffer_len` answers the size of each locked buffer.
+pub(crate) fn build(
+    graph: &Graph,
+    buffer_len: &dyn Fn(BufferId) -> Option<usize>,
+) -> Result<Vec<Step>> {
+    let mut steps = Vec::new();
+    for (index, node) in graph.compute_nodes() {
+        // G7, again: whatever the decoder let through, a custom op never runs here.
+        if node.op().is_custom() {
+            return Err(Error::OpRefused {
+                op: node.record.op,
+                reason: "custom ops carry client function pointers",
+            });
+        }
+        // ggml_op_is_empty: layout-only ops need no work; their bytes are their source's.
+        if node.op().is_view() {
+            continue;
+        }
+        let checker = Checker {
+            graph,
+            index,
+            node,
+            buffer_len,
+        };
+        if let Some(step) = checker.plan()? {
+            steps.push(step);
+        }
+    }
+    Ok(steps)
+}
+
+/// Checks of one node.
+struct Checker<'g> {
+    graph: &'g Graph,
+    index: TensorIndex,
+    node: &'g GraphTensor,
+    buffer_len: &'g dyn Fn(BufferId) -> Option<usize>,
+}
+
+fn f32_param(raw: i32) -> f32 {
+    f32::from_bits(raw as u32)
+}
+
+fn is_float(l: &Layout) -> bool {
+    Scalar::float(l.type_id).is_some()
+}
+
+fn is_quantized(type_id: u32) -> bool {
+    type_info(type_id).is_some_and(|info| info.block_size > 1)
+}
+
+/// Whether `type_id` has a quantizer (`quant::quantize_row` accepts it), probed on one block.
+fn can_quantize(type_id: u32) -> bool {
+    let Some(info) = type_info(type_id) else {
+        return false;
+    };
+    let zeros = vec![0.0f32; info.block_size as usize];
+    let mut out = vec![0u8; info.type_size as usize];
+    quant::quantize_row(type_id, &zeros, &mut out).is_ok()
+}
+
+/// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type the quant
+/// module dequantizes).
+fn readable(type_id: u32) -> bool {
+    Scalar::numeric(type_id).is_some() || (is_quantized(type_id) && quant::supports(type_id))
+}
+
+/// How a source relates to the destination's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Alias {
+    Disjoint,
+    Same,
+    Partial,
+}
+
+fn alias(dst: &Layout, src: &Layout) -> Alias {
+    match (dst.at, src.at) {
+        (Some((db, d)), Some((sb, s))) if db == sb && dst.size > 0 && src.size > 0 => {
+            if d < s + src.size && s < d + dst.size {
+                if dst.same_layout(src) {
+                    Alias::Same
+                } else {
+                    Alias::Partial
+                }
+            } else {
+                Alias::Disjoint
+            }
+        }
+        _ => Alias::Disjoint,
+    }
+}
+
+impl Checker<'_> {
+    fn op(&self) -> u32 {
+        self.node.record.op
+    }
+
+    fn refuse(&self, reason: &'static str) -> Error {
+        Error::OpRefused {
+            op: self.op(),
+            reason,
+        }
+    }
+
+    fn bad(&self, what: impl std::fmt::Display) -> Error {
+        Error::InvalidGraph(format!(
+            "node {:#x} ({}): {what}",
+            self.node.record.id,
+            op_name(self.op()).unwrap_or("?")
+        ))
+    }
+
+    fn param(&self, slot: usize) -> i32 {
+        self.node.record.op_params[slot]
+    }
+
+    fn fparam(&self, slot: usize) -> f32 {
+        f32_param(self.param(slot))
+    }
+
+    /// The layout of a tensor, checked against its buffer.
+    fn layout(&self, tensor: &GraphTensor) -> Result<Layout> {
+        let r = &tensor.record;
+        let info = type_info(r.type_id).ok_or(Error::InvalidType { type_id: r.type_id })?;
+        let to_usize = |v: u64| usize::try_from(v).map_err(|_| self.bad("a size beyond the address space"));
+        let size = to_usize(tensor.byte_size)?;
+        let layout = Layout {
+            at: match tensor.location {
+                Some(location) => Some((location.buffer, to_usize(location.offset)?)),
+                None => None,
+            },
+            size,
+            type_id: r.type_id,
+            block: info.block_size as usize,
+            type_size: info.type_size as usize,
+            ne: r.ne.map(|n| n as usize),
+            nb: r.nb.map(|n| n as usize),
+        };
+        if layout.is_empty() {
+            return Ok(layout);
+        }
+        let Some((buffer, offset)) = layout.at else {
+            return Err(self.bad(format!("tensor {:#x} has no storage", r.id)));
+        };
+        let fits = (self.buffer_len)(buffer)
+            .zip(offset.checked_add(size))
+            .is_some_and(|(len, end)| end <= len);
+        if !fits {
+            return Err(self.bad(format!("tensor {:#x} lies outside its buffer", r.id)));
+        }
+        if layout.block > 1 && layout.nb[0] != layout.type_size {
+            return Err(self.bad(format!(
+                "tensor {:#x}: blocks of a quantized type must be adjacent (nb[0] = {})",
+                r.id, layout.nb[0]
+            )));
+        }
+        Ok(layout)
+    }
+
+    /// Source slot `slot`, if present.
+    fn src(&self, slot: usize) -> Result<Option<Layout>> {
+        match self.node.src[slot] {
+            Some(index) => self.layout(self.graph.tensor(index)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Source slot `slot`, which the op requires.
+    fn need(&self, slot: usize) -> Result<Layout> {
+        self.src(slot)?
+            .ok_or_else(|| self.bad(format!("source {slot} is missing")))
+    }
+
+    fn step(&self, kernel: Kernel, dst: Layout, srcs: Vec<Option<Layout>>) -> Step {
+        Step {
+            index: self.index,
+            op: self.op(),
+            kernel,
+            dst,
+            srcs,
+        }
+    }
+
+    /// Checks how each read source relates to the destination: in-place (`Same`) only where
+    /// the kernel supports it (`in_place[slot]`), never a partial overlap.
+    fn check_aliasing(&self, dst: &Layout, srcs: &[Option<Layout>], in_place: &[bool]) -> Result<()> {
+        for (slot, src) in srcs.iter().enumerate() {
+            let Some(src) = src else { continue };
+            match alias(dst, src) {
+                Alias::Disjoint => {}
+                Alias::Same if in_place.get(slot).copied().unwrap_or(false) => {}
+                Alias::Same => {
+                    return Err(self.bad(format!(
+                        "source {slot} is the destination, but the op cannot run in place"
+                    )))
+                }
+                Alias::Partial => {
+                    return Err(self.bad(format!("source {slot} partially overlaps the destination")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn plan(&self) -> Result<Option<Step>> {
+        let dst = self.layout(self.node)?;
+        if dst.is_empty() {
+            // Nothing to compute, nothing to touch.
+            return Ok(None);
+        }
+        if !injective(&dst) {
+            return Err(self.bad("the destination's elements overlap each other"));
+        }
+        let (kernel, srcs, in_place) = self.kernel(&dst)?;
+        self.check_aliasing(&dst, &srcs, &in_place)?;
+        Ok(Some(self.step(kernel, dst, srcs)))
+    }
+
+    /// The kernel of the node, the sources it reads, and which of them may be the destination.
+    #[allow(clippy::type_complexity)]
+    fn kernel(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let op = Op(self.op());
+        let one = |k: Kernel, a: Layout, in_place: bool| Ok((k, vec![Some(a)], vec![in_place]));
+        match op {
+            Op::DUP | Op::CONT | Op::CPY => {
+                let a = self.need(0)?;
+                self.check_copy(&a, dst)?;
+                // CPY's src[1] is the destination operand (dst is a view of it): written, not
+                // read, so it is not a source here.
+                one(Kernel::Copy, a, true)
+            }
+            Op::GET_ROWS => self.get_rows(dst),
+            Op::SET_ROWS => self.set_rows(dst),
+            Op::ADD | Op::SUB | Op::MUL | Op::DIV => {
+                let binary = match op {
+                    Op::ADD => BinaryOp::Add,
+                    Op::SUB => BinaryOp::Sub,
+                    Op::MUL => BinaryOp::Mul,
+                    _ => BinaryOp::Div,
+                };
+                let (a, b) = (self.need(0)?, self.need(1)?);
+                if !is_float(&a) || !is_float(&b) || !is_float(dst) {
+                    return Err(self.refuse("binary ops take F32, F16 or BF16 tensors"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                self.repeats(&b, &a, "src1 does not broadcast to src0")?;
+                Ok((Kernel::Binary(binary), vec![Some(a), Some(b)], vec![true, true]))
+            }
+            Op::ADD1 => {
+                let (a, b) = (self.need(0)?, self.need(1)?);
+                if !is_float(&a) || !is_float(&b) || !is_float(dst) {
+                    return Err(self.refuse("ADD1 takes F32, F16 or BF16 tensors"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if b.elements() != 1 {
+                    return Err(self.bad("src1 must be a scalar"));
+                }
+                Ok((Kernel::Add1, vec![Some(a), Some(b)], vec![true, true]))
+            }
+            Op::SQR => self.map(MapOp::Sqr, dst),
+            Op::SQRT => self.map(MapOp::Sqrt, dst),
+            Op::LOG => self.map(MapOp::Log, dst),
+            Op::SIN => self.map(MapOp::Sin, dst),
+            Op::COS => self.map(MapOp::Cos, dst),
+            Op::SCALE => self.map(
+                MapOp::Scale {
+                    s: self.fparam(0),
+                    b: self.fparam(1),
+                },
+                dst,
+            ),
+            Op::CLAMP => self.map(
+                MapOp::Clamp {
+                    min: self.fparam(0),
+                    max: self.fparam(1),
+                },
+                dst,
+            ),
+            Op::LEAKY_RELU => self.map(
+                MapOp::LeakyRelu {
+                    slope: self.fparam(0),
+                },
+                dst,
+            ),
+            Op::UNARY => self.unary(dst),
+            Op::SUM_ROWS | Op::MEAN => {
+                let a = self.need(0)?;
+                if !is_float(&a) || !is_float(dst) {
+                    return Err(self.refuse("row sums take F32, F16 or BF16 tensors"));
+                }
+                if dst.ne != [1, a.ne[1], a.ne[2], a.ne[3]] {
+                    return Err(self.bad(format!("destination shape {:?} is not [1, ne1, ne2, ne3] of {:?}", dst.ne, a.ne)));
+                }
+                let kernel = if op == Op::MEAN { Kernel::Mean } else { Kernel::SumRows };
+                one(kernel, a, false)
+            }
+            Op::SUM => {
+                let a = self.need(0)?;
+                if !is_float(&a) || !is_float(dst) {
+                    return Err(self.refuse("SUM takes F32, F16 or BF16 tensors"));
+                }
+                if dst.elements() != 1 {
+                    return Err(self.bad("the destination of SUM must be a scalar"));
+                }
+                one(Kernel::Sum, a, false)
+            }
+            Op::ARGMAX => {
+                let a = self.need(0)?;
+                if !is_float(&a) || dst.type_id != ty::I32 {
+                    return Err(self.refuse("ARGMAX takes a float matrix and gives I32"));
+                }
+                if a.ne[2] != 1 || a.ne[3] != 1 || dst.ne != [a.ne[1], 1, 1, 1] {
+                    return Err(self.bad(format!("ARGMAX of {:?} into {:?}", a.ne, dst.ne)));
+                }
+                one(Kernel::ArgMax, a, false)
+            }
+            Op::NORM | Op::RMS_NORM => {
+                let a = self.need(0)?;
+                if !is_float(&a) || !is_float(dst) {
+                    return Err(self.refuse("norms take F32, F16 or BF16 tensors"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                let eps = self.fparam(0);
+                // ggml asserts eps >= 0 (which NaN fails as well).
+                if !(eps >= 0.0) {
+                    return Err(self.refuse("negative or NaN epsilon"));
+                }
+                let kernel = if op == Op::NORM {
+                    Kernel::Norm { eps }
+                } else {
+                    Kernel::RmsNorm { eps }
+                };
+                one(kernel, a, true)
+            }
+            Op::MUL_MAT => self.mul_mat(dst),
+            Op::MUL_MAT_ID => self.mul_mat_id(dst),
+            Op::ROPE => self.rope(dst),
+            Op::SOFT_MAX => self.soft_max(dst),
+            Op::FLASH_ATTN_EXT => self.flash_attn(dst),
+            Op::GLU => self.glu(dst),
+            Op::CONCAT => {
+                let (a, b) = (self.need(0)?, self.need(1)?);
+                let dim = usize::try_from(self.param(0))
+                    .ok()
+                    .filter(|&d| d < 4)
+                    .ok_or_else(|| self.bad("concat dimension outside 0..4"))?;
+                if a.type_id != b.type_id || a.type_id != dst.type_id || a.block != 1 {
+                    return Err(self.refuse("CONCAT takes two tensors of one plain type"));
+                }
+                for d in 0..4 {
+                    let want = if d == dim { a.ne[d] + b.ne[d] } else { a.ne[d] };
+                    if (d != dim && b.ne[d] != a.ne[d]) || dst.ne[d] != want {
+                        return Err(self.bad(format!(
+                            "cannot concatenate {:?} and {:?} along {dim} into {:?}",
+                            a.ne, b.ne, dst.ne
+                        )));
+                    }
+                }
+                Ok((Kernel::Concat { dim }, vec![Some(a), Some(b)], vec![false, false]))
+            }
+            Op::DIAG_MASK_INF | Op::DIAG_MASK_ZERO => {
+                let a = self.need(0)?;
+                if !is_float(&a) || !is_float(dst) {
+                    return Err(self.refuse("diagonal masks take F32, F16 or BF16 tensors"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                let n_past = usize::try_from(self.param(0))
+                    .map_err(|_| self.bad("negative n_past"))?;
+                let value = if op == Op::DIAG_MASK_INF {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                };
+                one(Kernel::DiagMask { n_past, value }, a, true)
+            }
+            Op::REPEAT => {
+                let a = self.need(0)?;
+                if a.type_id != dst.type_id || a.block != 1 {
+                    return Err(self.refuse("REPEAT keeps one plain type"));
+                }
+                self.repeats(&a, dst, "src0 does not repeat into the destination")?;
+                one(Kernel::Repeat, a, false)
+            }
+            _ => Err(self.refuse(NOT_IMPLEMENTED)),
+        }
+    }
+
+    fn same_shape(&self, a: &Layout, b: &Layout, what: &str) -> Result<()> {
+        if a.same_shape(b) {
+            Ok(())
+        } else {
+            Err(self.bad(format!("{what} differ in shape ({:?} vs {:?})", a.ne, b.ne)))
+        }
+    }
+
+    /// ggml_can_repeat(small, big): every dimension of `big` a multiple of `small`'s.
+    fn repeats(&self, small: &Layout, big: &Layout, what: &str) -> Result<()> {
+        let ok = (0..4).all(|d| small.ne[d] > 0 && big.ne[d] % small.ne[d] == 0);
+        if ok {
+            Ok(())
+        } else {
+            Err(self.bad(format!("{what} ({:?} vs {:?})", small.ne, big.ne)))
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn map(&self, map: MapOp, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if !is_float(&a) || !is_float(dst) {
+            return Err(self.refuse("element-wise ops take F32, F16 or BF16 tensors"));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        Ok((Kernel::Map(map), vec![Some(a)], vec![true]))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn unary(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let map = match UnaryOp(self.param(0)) {
+            UnaryOp::ABS => MapOp::Abs,
+            UnaryOp::SGN => MapOp::Sgn,
+            UnaryOp::NEG => MapOp::Neg,
+            UnaryOp::STEP => MapOp::Step,
+            UnaryOp::TANH => MapOp::Tanh,
+            UnaryOp::ELU => MapOp::Elu,
+            UnaryOp::RELU => MapOp::Relu,
+            UnaryOp::SIGMOID => MapOp::Sigmoid,
+            UnaryOp::GELU => MapOp::Gelu,
+            UnaryOp::GELU_QUICK => MapOp::GeluQuick,
+            UnaryOp::SILU => MapOp::Silu,
+            UnaryOp::HARDSWISH => MapOp::HardSwish,
+            UnaryOp::HARDSIGMOID => MapOp::HardSigmoid,
+            UnaryOp::EXP => MapOp::Exp,
+            UnaryOp::EXPM1 => MapOp::Expm1,
+            UnaryOp::SOFTPLUS => MapOp::Softplus,
+            UnaryOp::GELU_ERF => MapOp::GeluErf,
+            UnaryOp::XIELU => MapOp::Xielu {
+                alpha_n: self.fparam(1),
+                alpha_p: self.fparam(2),
+                beta: self.fparam(3),
+                eps: self.fparam(4),
+            },
+            UnaryOp::FLOOR => MapOp::Floor,
+            UnaryOp::CEIL => MapOp::Ceil,
+            UnaryOp::ROUND => MapOp::Round,
+            UnaryOp::TRUNC => MapOp::Trunc,
+            _ => return Err(self.refuse("unary sub-op outside ggml's unary table")),
+        };
+        self.map(map, dst)
+    }
+
+    /// DUP / CPY / CONT: same element count, and a conversion the copy kernel has.
+    fn check_copy(&self, a: &Layout, dst: &Layout) -> Result<()> {
+        if a.elements() != dst.elements() {
+            return Err(self.bad(format!(
+                "copy of {:?} ({} elements) into {:?}",
+                a.ne,
+                a.elements(),
+                dst.ne
+            )));
+        }
+        let (from, to) = (a.type_id, dst.type_id);
+        let supported = from == to
+            || (Scalar::numeric(from).is_some() && Scalar::numeric(to).is_some())
+            || (Scalar::float(from).is_some() && is_quantized(to) && can_quantize(to))
+            || (is_quantized(from) && quant::supports(from) && Scalar::float(to).is_some());
+        if !supported {
+            return Err(self.refuse("copy between these types is not supported"));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn get_rows(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, rows) = (self.need(0)?, self.need(1)?);
+        if rows.type_id != ty::I32 {
+            return Err(self.bad("row ids must be I32"));
+        }
+        let same = a.type_id == dst.type_id;
+        let convert = readable(a.type_id) && is_float(dst);
+        if !(same || convert) {
+            return Err(self.refuse("GET_ROWS between these types is not supported"));
+        }
+        if rows.ne[3] != 1
+            || a.ne[2] != rows.ne[1]
+            || a.ne[3] != rows.ne[2]
+            || dst.ne != [a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]]
+        {
+            return Err(self.bad(format!(
+                "rows {:?} of {:?} cannot give {:?}",
+                rows.ne, a.ne, dst.ne
+            )));
+        }
+        Ok((Kernel::GetRows, vec![Some(a), Some(rows)], vec![false, false]))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn set_rows(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, rows) = (self.need(0)?, self.need(1)?);
+        if rows.type_id != ty::I32 && rows.type_id != I64 {
+            return Err(self.bad("row ids must be I32 or I64"));
+        }
+        if !is_float(&a) {
+            return Err(self.refuse("SET_ROWS takes F32, F16 or BF16 rows"));
+        }
+        if !(is_float(dst) || (is_quantized(dst.type_id) && can_quantize(dst.type_id))) {
+            return Err(self.refuse("SET_ROWS into this type is not supported"));
+        }
+        let shapes = dst.ne[0] == a.ne[0]
+            && dst.ne[2] == a.ne[2]
+            && dst.ne[3] == a.ne[3]
+            && a.ne[1] == rows.ne[0]
+            && rows.ne[3] == 1
+            && (a.is_empty()
+                || (rows.ne[1] > 0
+                    && rows.ne[2] > 0
+                    && a.ne[2] % rows.ne[1] == 0
+                    && a.ne[3] % rows.ne[2] == 0));
+        if !shapes {
+            return Err(self.bad(format!(
+                "rows {:?} with ids {:?} cannot go into {:?}",
+                a.ne, rows.ne, dst.ne
+            )));
+        }
+        Ok((Kernel::SetRows, vec![Some(a), Some(rows)], vec![false, false]))
+    }
+
+    /// The weight types MUL_MAT / MUL_MAT_ID take: plain floats, or quantized types with a dot
+    /// product whose activation type the quant module can produce.
+    fn check_weights(&self, w: &Layout, k: usize) -> Result<()> {
+        if is_float(w) {
+            return Ok(());
+        }
+        let vdt = if is_quantized(w.type_id) && quant::supports(w.type_id) {
+            quant::vec_dot_type(w.type_id)
+        } else {
+            None
+        };
+        let Some(vdt) = vdt.filter(|&t| can_quantize(t)) else {
+            return Err(self.refuse("weights of this type are not supported"));
+        };
+        let block = type_info(vdt).map_or(0, |i| i.block_size as usize);
+        if block == 0 || k % block != 0 {
+            return Err(self.bad(format!("ne[0] = {k} is not a multiple of the activation block")));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn mul_mat(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (w, x) = (self.need(0)?, self.need(1)?);
+        if !is_float(&x) || dst.type_id != ty::F32 {
+            return Err(self.refuse("MUL_MAT takes float activations and gives F32"));
+        }
+        self.check_weights(&w, w.ne[0])?;
+        let shapes = w.ne[0] == x.ne[0]
+            && w.ne[2] > 0
+            && w.ne[3] > 0
+            && x.ne[2] % w.ne[2] == 0
+            && x.ne[3] % w.ne[3] == 0
+            && dst.ne == [w.ne[1], x.ne[1], x.ne[2], x.ne[3]];
+        if !shapes {
+            return Err(self.bad(format!(
+                "{:?} x {:?} cannot give {:?}",
+                w.ne, x.ne, dst.ne
+            )));
+        }
+        Ok((Kernel::MulMat, vec![Some(w), Some(x)], vec![false, false]))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn mul_mat_id(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (w, x, ids) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        if !is_float(&x) || dst.type_id != ty::F32 {
+            return Err(self.refuse("MUL_MAT_ID takes float activations and gives F32"));
+        }
+        if ids.type_id != ty::I32 {
+            return Err(self.bad("expert ids must be I32"));
+        }
+        self.check_weights(&w, w.ne[0])?;
+        let shapes = w.ne[0] == x.ne[0]
+            && w.ne[3] == 1
+            && x.ne[3] == 1
+            && x.ne[1] > 0
+            && ids.ne[1] == x.ne[2]
+            && ids.ne[2] == 1
+            && ids.ne[3] == 1
+            && dst.ne == [w.ne[1], ids.ne[0], x.ne[2], 1];
+        if !shapes {
+            return Err(self.bad(format!(
+                "experts {:?}, activations {:?}, ids {:?} cannot give {:?}",
+                w.ne, x.ne, ids.ne, dst.ne
+            )));
+        }
+        Ok((
+            Kernel::MulMatId,
+            vec![Some(w), Some(x), Some(ids)],
+            vec![false, false, false],
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn rope(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, pos) = (self.need(0)?, self.need(1)?);
+        let factors = self.src(2)?;
+        if !is_float(&a) || a.type_id != dst.type_id {
+            return Err(self.refuse("ROPE takes and gives one float type"));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if pos.type_id != ty::I32 {
+            return Err(self.bad("positions must be I32"));
+        }
+        let mut sections = [0i32; 4];
+        sections.copy_from_slice(&self.node.record.op_params[11..15]);
+        let params = RopeParams {
+            n_dims: usize::try_from(self.param(1)).map_err(|_| self.bad("negative n_dims"))?,
+            mode: self.param(2),
+            n_ctx_orig: self.param(4),
+            freq_base: self.fparam(5),
+            freq_scale: self.fparam(6),
+            ext_factor: self.fparam(7),
+            attn_factor: self.fparam(8),
+            beta_fast: self.fparam(9),
+            beta_slow: self.fparam(10),
+            sections,
+        };
+        use rope_mode::*;
+        let mrope = match params.mode {
+            NORMAL | NEOX => false,
+            MROPE | VISION | IMROPE => true,
+            _ => return Err(self.refuse("unknown rope mode")),
+        };
+        let ne0 = a.ne[0];
+        if params.n_dims % 2 != 0 || params.n_dims > ne0 {
+            return Err(self.bad(format!("n_dims = {} with ne[0] = {ne0}", params.n_dims)));
+        }
+        if params.mode == VISION && params.n_dims * 2 != ne0 {
+            return Err(self.bad("vision rope rotates half of ne[0]"));
+        }
+        if mrope {
+            let total: i64 = sections.iter().map(|&s| i64::from(s)).sum();
+            if sections.iter().any(|&s| s < 0) || total <= 0 || total as usize > ne0 {
+                return Err(self.bad(format!("invalid m-rope sections {sections:?}")));
+            }
+        }
+        let per_token = if mrope { 4 } else { 1 };
+        if pos.ne[0] < per_token * a.ne[2] {
+            return Err(self.bad(format!(
+                "{} positions for {} tokens",
+                pos.ne[0], a.ne[2]
+            )));
+        }
+        if let Some(f) = &factors {
+            if !is_float(f) || f.ne[0] < params.n_dims / 2 {
+                return Err(self.bad("frequency factors must be floats, n_dims/2 of them"));
+            }
+        }
+        Ok((
+            Kernel::Rope(params),
+            vec![Some(a), Some(pos), factors],
+            vec![true, false, false],
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn soft_max(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        let (mask, sinks) = (self.src(1)?, self.src(2)?);
+        if !is_float(&a) || !is_float(dst) {
+            return Err(self.refuse("SOFT_MAX takes F32, F16 or BF16 tensors"));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if let Some(m) = &mask {
+            let ok = is_float(m)
+                && m.ne[0] == a.ne[0]
+                && m.ne[1] >= a.ne[1]
+                && m.ne[2] > 0
+                && m.ne[3] > 0
+                && a.ne[2] % m.ne[2] == 0
+                && a.ne[3] % m.ne[3] == 0;
+            if !ok {
+                return Err(self.bad(format!("mask {:?} does not fit {:?}", m.ne, a.ne)));
+            }
+        }
+        if let Some(s) = &sinks {
+            if !is_float(s) || s.ne[0] < a.ne[2] {
+                return Err(self.bad("sinks must be floats, one per head"));
+            }
+        }
+        Ok((
+            Kernel::SoftMax {
+                scale: self.fparam(0),
+                max_bias: self.fparam(1),
+            },
+            vec![Some(a), mask, sinks],
+            vec![true, false, false],
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn flash_attn(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (q, k, v) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        let (mask, sinks) = (self.src(3)?, self.src(4)?);
+        if !is_float(&q) || dst.type_id != ty::F32 || !readable(k.type_id) || !readable(v.type_id)
+        {
+            return Err(self.refuse("FLASH_ATTN_EXT takes float Q, readable K/V, and gives F32"));
+        }
+        if Scalar::numeric(k.type_id) == Some(Scalar::I32) || Scalar::numeric(v.type_id) == Some(Scalar::I32) {
+            return Err(self.refuse("FLASH_ATTN_EXT does not take integer K/V"));
+        }
+        let prec = self.param(3);
+        if prec != PREC_DEFAULT && prec != PREC_F32 {
+            return Err(self.refuse("unknown precision"));
+        }
+        let (dk, dv, n_kv, n_q, n_head) = (q.ne[0], v.ne[0], k.ne[1], q.ne[1], q.ne[2]);
+        let kv_fits = |t: &Layout| t.ne[2] > 0 && t.ne[3] > 0 && n_head % t.ne[2] == 0 && q.ne[3] % t.ne[3] == 0;
+        let shapes = dk > 0
+            && dv > 0
+            && k.ne[0] == dk
+            && v.ne[1] == n_kv
+            && kv_fits(&k)
+            && kv_fits(&v)
+            && dst.ne == [dv, n_head, n_q, q.ne[3]];
+        if !shapes {
+            return Err(self.bad(format!(
+                "q {:?}, k {:?}, v {:?} cannot give {:?}",
+                q.ne, k.ne, v.ne, dst.ne
+            )));
+        }
+        if let Some(m) = &mask {
+            let ok = is_float(m)
+                && m.ne[0] >= n_kv
+                && m.ne[1] >= n_q
+                && m.ne[2] > 0
+                && m.ne[3] > 0
+                && n_head % m.ne[2] == 0
+                && q.ne[3] % m.ne[3] == 0;
+            if !ok {
+                return Err(self.bad(format!("mask {:?} does not fit q {:?}, k {:?}", m.ne, q.ne, k.ne)));
+            }
+        }
+        if let Some(s) = &sinks {
+            if !is_float(s) || s.ne[0] < n_head {
+                return Err(self.bad("sinks must be floats, one per head"));
+            }
+        }
+        Ok((
+            Kernel::FlashAttn {
+                scale: self.fparam(0),
+                max_bias: self.fparam(1),
+                softcap: self.fparam(2),
+            },
+            vec![Some(q), Some(k), Some(v), mask, sinks],
+            vec![false; 5],
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn glu(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        let b = self.src(1)?;
+        let op = GluOp(self.param(0));
+        if op == GluOp::SWIGLU_CLAMP || !op.is_valid() {
+            return Err(self.refuse("GLU sub-op not supported"));
+        }
+        if !is_float(&a) || a.type_id != dst.type_id {
+            return Err(self.refuse("GLU takes and gives one float type"));
+        }
+        let nc = match &b {
+            Some(b) => {
+                if b.type_id != a.type_id || !b.same_shape(&a) {
+                    return Err(self.bad("the two GLU halves differ in type or shape"));
+                }
+                a.ne[0]
+            }
+            None => a.ne[0] / 2,
+        };
+        if dst.ne != [nc, a.ne[1], a.ne[2], a.ne[3]] {
+            return Err(self.bad(format!("GLU of {:?} cannot give {:?}", a.ne, dst.ne)));
+        }
+        let params = GluParams {
+            op,
+            swapped: self.param(1) != 0,
+            alpha: self.fparam(2),
+            limit: self.fparam(3),
+        };
+        Ok((Kernel::Glu(params), vec![Some(a), b], vec![false, false]))
+    }
+}

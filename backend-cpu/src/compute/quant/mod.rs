@@ -1,0 +1,321 @@
+//! ggml's quantized block formats: dequantization, activation quantization and dot products.
+//!
+//! Pure functions over byte slices (no tensors, no threads), so the op kernels in
+//! `compute/ops/` can call them row by row. The five functions at the top (`supports`,
+//! `vec_dot_type`, `dequantize_row`, `quantize_row`, `vec_dot`) are a fixed contract; the rest
+//! are additions.
+//!
+//! Everything follows ggml as of llama.cpp b11434:
+//!
+//! | what | upstream |
+//! |---|---|
+//! | block layouts | `ggml/src/ggml-common.h` (`block_q4_0` ... `block_q8_K`) |
+//! | [`dequantize_row`] | `dequantize_row_*` in `ggml/src/ggml-quants.c` (bit-exact: same operations in the same order, no fused multiply-add, as ggml-base is built) |
+//! | [`quantize_row`] | ggml-cpu's `from_float` on x86-64 (`ggml/src/ggml-cpu/arch/x86/quants.c`): for Q8_0/Q8_1 the AVX path (`d = amax/127`, multiplier `127/amax`, round half to even); Q8_K and the weight formats use the `_ref` functions (bit-exact) |
+//! | [`quantize_row_ref`] | `quantize_row_*_ref` in `ggml-quants.c` (`from_float_ref`; Q8_0/Q8_1 round half away from zero) |
+//! | [`vec_dot_type`] | `type_traits_cpu[].vec_dot_type` in `ggml/src/ggml-cpu/ggml-cpu.c` |
+//! | [`vec_dot`] | `ggml_vec_dot_*_generic` in `ggml/src/ggml-cpu/quants.c`: exact integer sums per block, scaled by the block's scales and summed in f32 in block order |
+//!
+//! Lengths are checked: a row of `n` elements of a type with block size `B` and `S` bytes per
+//! block takes `n / B * S` bytes ([`row_size`]); `n` must be a multiple of `B`. Byte slices
+//! longer than needed are accepted (only their prefix is read or written), shorter ones are an
+//! [`Error::Backend`]. Nothing here panics on bad input.
+//!
+//! On x86-64 the dot products and dequantizers run in code compiled for AVX2+FMA+F16C when the
+//! CPU has them (runtime detection, module `simd`), with hand-written AVX2 integer kernels for
+//! the hottest formats; their results are bit-identical to the portable code.
+
+mod float;
+mod k_quants;
+mod q4;
+mod q5;
+mod q8;
+// The one module allowed `unsafe`: runtime-detected AVX2 code (see its docs).
+#[allow(unsafe_code)]
+mod simd;
+#[cfg(test)]
+mod tests;
+
+use proto_core::{Error, Result};
+
+/// ggml type ids of the formats handled here (`enum ggml_type`).
+pub mod ty {
+    /// `GGML_TYPE_F32`.
+    pub const F32: u32 = 0;
+    /// `GGML_TYPE_F16`.
+    pub const F16: u32 = 1;
+    /// `GGML_TYPE_Q4_0`.
+    pub const Q4_0: u32 = 2;
+    /// `GGML_TYPE_Q4_1`.
+    pub const Q4_1: u32 = 3;
+    /// `GGML_TYPE_Q5_0`.
+    pub const Q5_0: u32 = 6;
+    /// `GGML_TYPE_Q5_1`.
+    pub const Q5_1: u32 = 7;
+    /// `GGML_TYPE_Q8_0`.
+    pub const Q8_0: u32 = 8;
+    /// `GGML_TYPE_Q8_1`.
+    pub const Q8_1: u32 = 9;
+    /// `GGML_TYPE_Q2_K`.
+    pub const Q2_K: u32 = 10;
+    /// `GGML_TYPE_Q3_K`.
+    pub const Q3_K: u32 = 11;
+    /// `GGML_TYPE_Q4_K`.
+    pub const Q4_K: u32 = 12;
+    /// `GGML_TYPE_Q5_K`.
+    pub const Q5_K: u32 = 13;
+    /// `GGML_TYPE_Q6_K`.
+    pub const Q6_K: u32 = 14;
+    /// `GGML_TYPE_Q8_K`.
+    pub const Q8_K: u32 = 15;
+    /// `GGML_TYPE_BF16`.
+    pub const BF16: u32 = 30;
+}
+
+/// Elements per super-block of the K-quants (`QK_K`).
+pub const QK_K: usize = 256;
+/// Elements per block of the 32-element formats (`QK4_0` = `QK8_0` = ... = 32).
+pub const QK32: usize = 32;
+
+/// `(elements per block, bytes per block)` of the types this module knows (ggml's `blck_size`
+/// and `type_size`).
+pub fn block_layout(type_id: u32) -> Option<(usize, usize)> {
+    Some(match type_id {
+        ty::F32 => (1, 4),
+        ty::F16 | ty::BF16 => (1, 2),
+        ty::Q4_0 => (QK32, q4::Q4_0_BYTES),
+        ty::Q4_1 => (QK32, q4::Q4_1_BYTES),
+        ty::Q5_0 => (QK32, q5::Q5_0_BYTES),
+        ty::Q5_1 => (QK32, q5::Q5_1_BYTES),
+        ty::Q8_0 => (QK32, q8::Q8_0_BYTES),
+        ty::Q8_1 => (QK32, q8::Q8_1_BYTES),
+        ty::Q2_K => (QK_K, k_quants::Q2_K_BYTES),
+        ty::Q3_K => (QK_K, k_quants::Q3_K_BYTES),
+        ty::Q4_K => (QK_K, k_quants::Q4_K_BYTES),
+        ty::Q5_K => (QK_K, k_quants::Q5_K_BYTES),
+        ty::Q6_K => (QK_K, k_quants::Q6_K_BYTES),
+        ty::Q8_K => (QK_K, q8::Q8_K_BYTES),
+        _ => return None,
+    })
+}
+
+/// Bytes of a row of `n` elements of `type_id` (ggml's `ggml_row_size`); `None` for unknown
+/// types and for `n` not a multiple of the block size.
+pub fn row_size(type_id: u32, n: usize) -> Option<usize> {
+    let (block, bytes) = block_layout(type_id)?;
+    if n % block != 0 {
+        return None;
+    }
+    (n / block).checked_mul(bytes)
+}
+
+/// Whether `type_id` can be dequantized and used as MUL_MAT / GET_ROWS weights.
+///
+/// These are the types with both `to_float` and a `vec_dot` in ggml: F32, F16, BF16, Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K. (Q8_1 and Q8_K are activation formats only:
+/// [`dequantize_row`] and [`quantize_row`] handle them, [`vec_dot`] does not.)
+pub fn supports(type_id: u32) -> bool {
+    matches!(
+        type_id,
+        ty::F32
+            | ty::F16
+            | ty::BF16
+            | ty::Q4_0
+            | ty::Q4_1
+            | ty::Q5_0
+            | ty::Q5_1
+            | ty::Q8_0
+            | ty::Q2_K
+            | ty::Q3_K
+            | ty::Q4_K
+            | ty::Q5_K
+            | ty::Q6_K
+    )
+}
+
+/// The type ggml converts activations (src1 of MUL_MAT) to before the dot product with weights
+/// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K
+/// for the K-quants, the type itself for F16/BF16/F32.
+///
+/// Q8_1 maps to itself as in ggml's table (it has no `vec_dot` there either); `None` for every
+/// type without an entry here.
+pub fn vec_dot_type(type_id: u32) -> Option<u32> {
+    Some(match type_id {
+        ty::F32 => ty::F32,
+        ty::F16 => ty::F16,
+        ty::BF16 => ty::BF16,
+        ty::Q4_0 | ty::Q5_0 | ty::Q8_0 => ty::Q8_0,
+        ty::Q4_1 | ty::Q5_1 | ty::Q8_1 => ty::Q8_1,
+        ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => ty::Q8_K,
+        _ => return None,
+    })
+}
+
+/// Dequantizes `dst.len()` elements (a multiple of the block size) of `type_id` from `src`.
+///
+/// Bit-exact with ggml's `to_float` (`dequantize_row_*`, `ggml_fp16_to_fp32_row`,
+/// `ggml_bf16_to_fp32_row`, and a plain copy for F32). Q8_1 (`d * q`) and Q8_K (`d * q`) are
+/// accepted as well.
+pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let bytes = checked_len(type_id, dst.len(), src.len(), "dequantize_row: source")?;
+    let src = &src[..bytes];
+    match type_id {
+        ty::F32 => simd::dequantize_f32(src, dst),
+        ty::F16 => simd::dequantize_f16(src, dst),
+        ty::BF16 => simd::dequantize_bf16(src, dst),
+        ty::Q4_0 => simd::dequantize_q4_0(src, dst),
+        ty::Q4_1 => simd::dequantize_q4_1(src, dst),
+        ty::Q5_0 => simd::dequantize_q5_0(src, dst),
+        ty::Q5_1 => simd::dequantize_q5_1(src, dst),
+        ty::Q8_0 => simd::dequantize_q8_0(src, dst),
+        ty::Q8_1 => simd::dequantize_q8_1(src, dst),
+        ty::Q8_K => simd::dequantize_q8_k(src, dst),
+        ty::Q2_K => simd::dequantize_q2_k(src, dst),
+        ty::Q3_K => simd::dequantize_q3_k(src, dst),
+        ty::Q4_K => simd::dequantize_q4_k(src, dst),
+        ty::Q5_K => simd::dequantize_q5_k(src, dst),
+        ty::Q6_K => simd::dequantize_q6_k(src, dst),
+        // checked_len accepted only the types above
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Quantizes `src.len()` f32 values into `dst` in `type_id` (a `vec_dot_type`, or any type with
+/// a reference quantizer), exactly as ggml's `from_float` does.
+///
+/// On x86-64 ggml-cpu's `from_float` for Q8_0 and Q8_1 is its AVX code, which differs from
+/// `quantize_row_q8_0_ref` (multiplier `127/amax` instead of `1/(amax/127)`, ties rounded to
+/// even instead of away from zero); this function follows the AVX code, since that is what
+/// llama.cpp's CPU backend runs. Q8_K, Q4_0, Q4_1, Q5_0 and Q5_1 use the `_ref` quantizers (as
+/// ggml-cpu does), F16 rounds to nearest even, BF16 rounds to nearest even and keeps NaNs quiet
+/// NaNs. K-quant weight formats (Q2_K..Q6_K) are not supported.
+pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match type_id {
+        ty::Q8_0 => {
+            let dst = quantize_target(type_id, src, dst)?;
+            simd::quantize_q8_0(src, dst);
+            Ok(())
+        }
+        ty::Q8_1 => {
+            let dst = quantize_target(type_id, src, dst)?;
+            simd::quantize_q8_1(src, dst);
+            Ok(())
+        }
+        _ => quantize_row_ref(type_id, src, dst),
+    }
+}
+
+/// Quantizes `src.len()` f32 values into `dst` with ggml's reference quantizers
+/// (`quantize_row_*_ref`, ggml's `from_float_ref`), for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0, Q8_1 and Q8_K.
+pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    if !matches!(
+        type_id,
+        ty::F32
+            | ty::F16
+            | ty::BF16
+            | ty::Q4_0
+            | ty::Q4_1
+            | ty::Q5_0
+            | ty::Q5_1
+            | ty::Q8_0
+            | ty::Q8_1
+            | ty::Q8_K
+    ) {
+        return Err(unsupported(type_id));
+    }
+    let dst = quantize_target(type_id, src, dst)?;
+    match type_id {
+        ty::F32 => simd::quantize_f32(src, dst),
+        ty::F16 => simd::quantize_f16(src, dst),
+        ty::BF16 => simd::quantize_bf16(src, dst),
+        ty::Q4_0 => q4::quantize_q4_0_ref(src, dst),
+        ty::Q4_1 => q4::quantize_q4_1_ref(src, dst),
+        ty::Q5_0 => q5::quantize_q5_0_ref(src, dst),
+        ty::Q5_1 => q5::quantize_q5_1_ref(src, dst),
+        ty::Q8_0 => q8::quantize_q8_0_ref(src, dst),
+        ty::Q8_1 => q8::quantize_q8_1_ref(src, dst),
+        ty::Q8_K => simd::quantize_q8_k(src, dst),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Dot product of `n` elements: `x` a row of weights in `type_id`, `y` a row of activations
+/// in `vec_dot_type(type_id)`.
+pub fn vec_dot(type_id: u32, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    if !supports(type_id) {
+        return Err(unsupported(type_id));
+    }
+    let y_type = vec_dot_type(type_id).ok_or_else(|| unsupported(type_id))?;
+    let x_bytes = checked_len(type_id, n, x.len(), "vec_dot: x")?;
+    let y_bytes = checked_len(y_type, n, y.len(), "vec_dot: y")?;
+    let (x, y) = (&x[..x_bytes], &y[..y_bytes]);
+    Ok(match type_id {
+        ty::Q4_0 => simd::vec_dot_q4_0_q8_0(x, y),
+        ty::Q8_0 => simd::vec_dot_q8_0_q8_0(x, y),
+        ty::Q4_K => simd::vec_dot_q4_k_q8_k(x, y),
+        ty::Q5_K => simd::vec_dot_q5_k_q8_k(x, y),
+        ty::Q6_K => simd::vec_dot_q6_k_q8_k(x, y),
+        ty::F32 => simd::vec_dot_f32(x, y),
+        ty::F16 => simd::vec_dot_f16(x, y),
+        ty::BF16 => simd::vec_dot_bf16(x, y),
+        ty::Q4_1 => simd::vec_dot_q4_1_q8_1(x, y),
+        ty::Q5_0 => simd::vec_dot_q5_0_q8_0(x, y),
+        ty::Q5_1 => simd::vec_dot_q5_1_q8_1(x, y),
+        ty::Q2_K => simd::vec_dot_q2_k_q8_k(x, y),
+        ty::Q3_K => simd::vec_dot_q3_k_q8_k(x, y),
+        // supports() admitted only the types handled above
+        _ => 0.0,
+    })
+}
+
+fn unsupported(type_id: u32) -> Error {
+    Error::OpRefused {
+        op: type_id,
+        reason: "quantized type not supported by the CPU backend",
+    }
+}
+
+/// Bytes of `n` elements of `type_id`, checked against the `have` bytes available.
+fn checked_len(type_id: u32, n: usize, have: usize, what: &str) -> Result<usize> {
+    let (block, _) = block_layout(type_id).ok_or_else(|| unsupported(type_id))?;
+    let need = row_size(type_id, n).ok_or_else(|| {
+        Error::Backend(format!(
+            "{what}: {n} elements of type {type_id} is not a whole number of {block}-element blocks"
+        ))
+    })?;
+    if have < need {
+        return Err(Error::Backend(format!(
+            "{what}: {n} elements of type {type_id} take {need} bytes, only {have} given"
+        )));
+    }
+    Ok(need)
+}
+
+/// The exact prefix of `dst` that `src.len()` values of `type_id` fill.
+fn quantize_target<'a>(type_id: u32, src: &[f32], dst: &'a mut [u8]) -> Result<&'a mut [u8]> {
+    let need = checked_len(type_id, src.len(), dst.len(), "quantize_row: destination")?;
+    Ok(&mut dst[..need])
+}
+
+/// ggml's `GGML_FP16_TO_FP32` of a little-endian half.
+#[inline(always)]
+fn fp16(lo: u8, hi: u8) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+}
+
+/// ggml's `GGML_FP32_TO_FP16` (round to nearest even), little-endian bytes.
+#[inline(always)]
+fn fp16_bytes(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_bits().to_le_bytes()
+}
+
+/// ggml's `nearest_int`: `fval + 1.5 * 2^23` read back as an integer, i.e. round half to even
+/// for `|fval| < 2^22`.
+#[inline(always)]
+fn nearest_int(fval: f32) -> i32 {
+    let val = fval + 12_582_912.0;
+    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}

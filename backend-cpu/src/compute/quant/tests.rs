@@ -1,0 +1,1278 @@
+//! Tests of the quantized formats: known answers, round trips, dot products against
+//! dequantized dot products, activation quantizers against hand-computed ggml results, the
+//! AVX2 kernels against the portable ones, and length errors.
+
+use super::*;
+use proto_core::ggml::type_info;
+
+/// Every type with a `to_float` here.
+const DEQUANT_TYPES: [u32; 15] = [
+    ty::F32,
+    ty::F16,
+    ty::BF16,
+    ty::Q4_0,
+    ty::Q4_1,
+    ty::Q5_0,
+    ty::Q5_1,
+    ty::Q8_0,
+    ty::Q8_1,
+    ty::Q2_K,
+    ty::Q3_K,
+    ty::Q4_K,
+    ty::Q5_K,
+    ty::Q6_K,
+    ty::Q8_K,
+];
+
+/// Every weight type (`supports`).
+const WEIGHT_TYPES: [u32; 13] = [
+    ty::F32,
+    ty::F16,
+    ty::BF16,
+    ty::Q4_0,
+    ty::Q4_1,
+    ty::Q5_0,
+    ty::Q5_1,
+    ty::Q8_0,
+    ty::Q2_K,
+    ty::Q3_K,
+    ty::Q4_K,
+    ty::Q5_K,
+    ty::Q6_K,
+];
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+    /// Activation-like data: mostly small, a few outliers, some exact zeros.
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| match self.next_u64() % 50 {
+                0 => 0.0,
+                1 => self.unit() * 8.0,
+                _ => self.unit() * (1.0 + (i % 7) as f32 * 0.25),
+            })
+            .collect()
+    }
+}
+
+fn f16_bits(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_bits().to_le_bytes()
+}
+
+fn deq(type_id: u32, src: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    dequantize_row(type_id, src, &mut out).unwrap();
+    out
+}
+
+fn quant(type_id: u32, src: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; row_size(type_id, src.len()).unwrap()];
+    quantize_row(type_id, src, &mut out).unwrap();
+    out
+}
+
+fn quant_ref(type_id: u32, src: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; row_size(type_id, src.len()).unwrap()];
+    quantize_row_ref(type_id, src, &mut out).unwrap();
+    out
+}
+
+/// A random K-quant row whose f16 super-block scales are small and finite (every other byte
+/// pattern is a valid K-quant block).
+fn random_k_row(rng: &mut Rng, type_id: u32, blocks: usize) -> Vec<u8> {
+    let (_, bytes) = block_layout(type_id).unwrap();
+    let mut row = rng.bytes(blocks * bytes);
+    for b in row.chunks_exact_mut(bytes) {
+        let mut scale = || f16_bits(0.001 + (rng.next_u64() % 1000) as f32 * 1e-5);
+        match type_id {
+            ty::Q2_K => {
+                b[80..82].copy_from_slice(&scale());
+                b[82..84].copy_from_slice(&scale());
+            }
+            ty::Q3_K => b[108..110].copy_from_slice(&scale()),
+            ty::Q4_K | ty::Q5_K => {
+                b[0..2].copy_from_slice(&scale());
+                b[2..4].copy_from_slice(&scale());
+            }
+            ty::Q6_K => b[208..210].copy_from_slice(&scale()),
+            _ => unreachable!(),
+        }
+    }
+    row
+}
+
+/// A row of weights of `type_id` for dot-product tests.
+fn random_weights(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
+    match type_id {
+        ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => {
+            random_k_row(rng, type_id, n / QK_K)
+        }
+        _ => quant_ref(type_id, &rng.floats(n)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tables
+
+#[test]
+fn quant_layouts_match_the_type_table() {
+    for t in DEQUANT_TYPES {
+        let info = type_info(t).unwrap();
+        let (block, bytes) = block_layout(t).unwrap();
+        assert_eq!(
+            (block as u32, bytes as u32),
+            (info.block_size, info.type_size),
+            "{}",
+            info.name
+        );
+    }
+    assert_eq!(row_size(ty::Q4_0, 64), Some(36));
+    assert_eq!(row_size(ty::Q4_K, 512), Some(288));
+    assert_eq!(row_size(ty::Q4_0, 33), None);
+    assert_eq!(row_size(ty::F16, 3), Some(6));
+    assert_eq!(block_layout(20), None); // IQ4_NL
+}
+
+#[test]
+fn quant_vec_dot_type_is_ggml_cpus_table() {
+    let expect = [
+        (ty::F32, ty::F32),
+        (ty::F16, ty::F16),
+        (ty::BF16, ty::BF16),
+        (ty::Q4_0, ty::Q8_0),
+        (ty::Q5_0, ty::Q8_0),
+        (ty::Q8_0, ty::Q8_0),
+        (ty::Q4_1, ty::Q8_1),
+        (ty::Q5_1, ty::Q8_1),
+        (ty::Q8_1, ty::Q8_1),
+        (ty::Q2_K, ty::Q8_K),
+        (ty::Q3_K, ty::Q8_K),
+        (ty::Q4_K, ty::Q8_K),
+        (ty::Q5_K, ty::Q8_K),
+        (ty::Q6_K, ty::Q8_K),
+    ];
+    for (t, v) in expect {
+        assert_eq!(vec_dot_type(t), Some(v), "type {t}");
+    }
+    for t in [ty::Q8_K, 16, 20, 23, 26, 39, 1000] {
+        assert_eq!(vec_dot_type(t), None, "type {t}");
+    }
+}
+
+#[test]
+fn quant_supports_exactly_the_weight_types() {
+    for t in 0..64 {
+        assert_eq!(supports(t), WEIGHT_TYPES.contains(&t), "type {t}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Known answers: dequantization
+
+#[test]
+fn quant_dequantize_q4_0_known_answer() {
+    // d = 0.5; qs[j] = j (low) | (15 - j) << 4 (high)
+    let mut b = f16_bits(0.5).to_vec();
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let out = deq(ty::Q4_0, &b, 32);
+    for j in 0..16 {
+        assert_eq!(out[j], (j as f32 - 8.0) * 0.5);
+        assert_eq!(out[j + 16], (7.0 - j as f32) * 0.5);
+    }
+}
+
+#[test]
+fn quant_dequantize_q4_1_known_answer() {
+    // d = 0.25, m = -1
+    let mut b = f16_bits(0.25).to_vec();
+    b.extend(f16_bits(-1.0));
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let out = deq(ty::Q4_1, &b, 32);
+    for j in 0..16 {
+        assert_eq!(out[j], j as f32 * 0.25 - 1.0);
+        assert_eq!(out[j + 16], (15 - j) as f32 * 0.25 - 1.0);
+    }
+}
+
+#[test]
+fn quant_dequantize_q5_known_answers() {
+    // qh bit j set for even j (elements 0..32); nibbles as in Q4
+    let qh: u32 = 0x5555_5555;
+    let nibbles: Vec<u8> = (0..16u8).map(|j| j | ((15 - j) << 4)).collect();
+    let expect_q = |e: usize| -> i32 {
+        let nib = if e < 16 {
+            e as i32
+        } else {
+            15 - (e as i32 - 16)
+        };
+        nib + if e % 2 == 0 { 16 } else { 0 }
+    };
+
+    let mut b = f16_bits(2.0).to_vec();
+    b.extend(qh.to_le_bytes());
+    b.extend(&nibbles);
+    let out = deq(ty::Q5_0, &b, 32);
+    for (e, v) in out.iter().enumerate() {
+        assert_eq!(*v, (expect_q(e) - 16) as f32 * 2.0, "q5_0 element {e}");
+    }
+
+    let mut b = f16_bits(0.5).to_vec();
+    b.extend(f16_bits(3.0));
+    b.extend(qh.to_le_bytes());
+    b.extend(&nibbles);
+    let out = deq(ty::Q5_1, &b, 32);
+    for (e, v) in out.iter().enumerate() {
+        assert_eq!(*v, expect_q(e) as f32 * 0.5 + 3.0, "q5_1 element {e}");
+    }
+}
+
+#[test]
+fn quant_dequantize_q8_known_answers() {
+    let qs: Vec<u8> = (0..32).map(|j| (j as i8 * 4 - 64) as u8).collect();
+    let mut b = f16_bits(0.125).to_vec();
+    b.extend(&qs);
+    let out = deq(ty::Q8_0, &b, 32);
+    for (j, v) in out.iter().enumerate() {
+        assert_eq!(*v, (j as f32 * 4.0 - 64.0) * 0.125);
+    }
+
+    let mut b = f16_bits(0.125).to_vec();
+    b.extend(f16_bits(99.0)); // s plays no part in dequantization
+    b.extend(&qs);
+    assert_eq!(deq(ty::Q8_1, &b, 32), out);
+
+    let mut b = 0.75f32.to_le_bytes().to_vec();
+    b.extend((0..256).map(|j| (j as u8).wrapping_sub(128)));
+    b.extend([0u8; 32]);
+    let out = deq(ty::Q8_K, &b, 256);
+    for (j, v) in out.iter().enumerate() {
+        assert_eq!(*v, 0.75 * ((j as u8).wrapping_sub(128) as i8) as f32);
+    }
+}
+
+#[test]
+fn quant_dequantize_float_known_answers() {
+    let f16: Vec<u8> = [0x3C00u16, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00]
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    let out = deq(ty::F16, &f16, 6);
+    assert_eq!(&out[..5], &[1.0, -2.0, 65504.0, 2f32.powi(-24), -0.0]);
+    assert_eq!(out[5], f32::INFINITY);
+
+    let bf16: Vec<u8> = [0x3F80u16, 0xC040, 0x0001]
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    assert_eq!(
+        deq(ty::BF16, &bf16, 3),
+        vec![1.0, -3.0, f32::from_bits(0x0001_0000)]
+    );
+
+    let f32s: Vec<u8> = [1.5f32, -0.25]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(deq(ty::F32, &f32s, 2), vec![1.5, -0.25]);
+}
+
+/// Q2_K block: scale nibble and min nibble of group g are g % 16 and 15 - g; quants count up.
+#[test]
+fn quant_dequantize_q2_k_known_answer() {
+    let mut b = vec![0u8; 84];
+    for (g, s) in b.iter_mut().take(16).enumerate() {
+        *s = (g as u8) | ((15 - g as u8) << 4);
+    }
+    // element 128n + 32j + l has quant (l + j + n) % 4
+    for n in 0..2 {
+        for l in 0..32 {
+            let mut byte = 0u8;
+            for j in 0..4 {
+                byte |= (((l + j + n) % 4) as u8) << (2 * j);
+            }
+            b[16 + 32 * n + l] = byte;
+        }
+    }
+    b[80..82].copy_from_slice(&f16_bits(0.5));
+    b[82..84].copy_from_slice(&f16_bits(0.25));
+    let out = deq(ty::Q2_K, &b, 256);
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                let e = 128 * n + 32 * j + l;
+                let g = e / 16;
+                let q = ((l + j + n) % 4) as f32;
+                let expect = 0.5 * g as f32 * q - 0.25 * (15 - g) as f32;
+                assert_eq!(out[e], expect, "element {e}");
+            }
+        }
+    }
+}
+
+/// Q3_K block: all 16 scales set through the packed 12 bytes, high bits from hmask.
+#[test]
+fn quant_dequantize_q3_k_known_answer() {
+    // 6-bit scale of group g: 2g + 1 (so sc - 32 = 2g - 31)
+    let six: Vec<u8> = (0..16).map(|g| 2 * g as u8 + 1).collect();
+    let mut scales = [0u8; 12];
+    for (j, &l) in six.iter().enumerate() {
+        if j < 8 {
+            scales[j] = l & 0x0F;
+        } else {
+            scales[j - 8] |= (l & 0x0F) << 4;
+        }
+        scales[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+    }
+    let mut b = vec![0u8; 110];
+    // low bits of element 128n + 32j + l: (l + j) % 4; high bit (hmask bit 4n + j of byte l)
+    // set when l is even
+    for n in 0..2 {
+        for l in 0..32 {
+            let mut byte = 0u8;
+            for j in 0..4 {
+                byte |= (((l + j) % 4) as u8) << (2 * j);
+                if l % 2 == 0 {
+                    b[l] |= 1 << (4 * n + j);
+                }
+            }
+            b[32 + 32 * n + l] = byte;
+        }
+    }
+    b[96..108].copy_from_slice(&scales);
+    b[108..110].copy_from_slice(&f16_bits(0.5));
+    let out = deq(ty::Q3_K, &b, 256);
+    for n in 0..2 {
+        for j in 0..4 {
+            for l in 0..32 {
+                let e = 128 * n + 32 * j + l;
+                let sc = 2 * (e / 16) as i32 + 1 - 32;
+                let q = ((l + j) % 4) as i32 - if l % 2 == 0 { 0 } else { 4 };
+                assert_eq!(out[e], 0.5 * sc as f32 * q as f32, "element {e}");
+            }
+        }
+    }
+}
+
+/// Packs 8 six-bit scales and mins as ggml's Q4_K/Q5_K quantizers do.
+fn pack_k4_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            s[j] = sc[j];
+            s[j + 4] = m[j];
+        } else {
+            s[j + 4] = (sc[j] & 0x0F) | ((m[j] & 0x0F) << 4);
+            s[j - 4] |= (sc[j] >> 4) << 6;
+            s[j] |= (m[j] >> 4) << 6;
+        }
+    }
+    s
+}
+
+#[test]
+fn quant_k4_scales_unpack() {
+    let sc = [1, 17, 33, 63, 0, 47, 31, 62];
+    let m = [63, 2, 40, 16, 5, 60, 33, 1];
+    let packed = pack_k4_scales(sc, m);
+    assert_eq!(k_quants::scales_mins_k4(&packed), (sc, m));
+}
+
+#[test]
+fn quant_dequantize_q4_k_and_q5_k_known_answers() {
+    let sc = [1, 17, 33, 63, 0, 47, 31, 62];
+    let m = [63, 2, 40, 16, 5, 60, 33, 1];
+    let packed = pack_k4_scales(sc, m);
+    // element 64j + l: low nibble (l + j) % 16; 64j + 32 + l: high nibble (31 - l) % 16
+    let nib = |e: usize| -> u8 {
+        let (j, r) = (e / 64, e % 64);
+        if r < 32 {
+            ((r + j) % 16) as u8
+        } else {
+            ((31 - (r - 32)) % 16) as u8
+        }
+    };
+    let mut qs = vec![0u8; 128];
+    for j in 0..4 {
+        for l in 0..32 {
+            qs[32 * j + l] = nib(64 * j + l) | (nib(64 * j + 32 + l) << 4);
+        }
+    }
+    let mut b = f16_bits(0.5).to_vec();
+    b.extend(f16_bits(0.125));
+    b.extend(packed);
+    b.extend(&qs);
+    let out = deq(ty::Q4_K, &b, 256);
+    for (e, v) in out.iter().enumerate() {
+        let g = e / 32;
+        let expect = 0.5 * f32::from(sc[g]) * f32::from(nib(e)) - 0.125 * f32::from(m[g]);
+        assert_eq!(*v, expect, "q4_K element {e}");
+    }
+
+    // Q5_K: fifth bit set for elements whose index is a multiple of 3
+    let mut qh = vec![0u8; 32];
+    for e in (0..256).step_by(3) {
+        let (j, r) = (e / 64, e % 64);
+        let bit = if r < 32 { 2 * j } else { 2 * j + 1 };
+        qh[r % 32] |= 1 << bit;
+    }
+    let mut b = f16_bits(0.5).to_vec();
+    b.extend(f16_bits(0.125));
+    b.extend(packed);
+    b.extend(&qh);
+    b.extend(&qs);
+    let out = deq(ty::Q5_K, &b, 256);
+    for (e, v) in out.iter().enumerate() {
+        let g = e / 32;
+        let q = nib(e) + if e % 3 == 0 { 16 } else { 0 };
+        let expect = 0.5 * f32::from(sc[g]) * f32::from(q) - 0.125 * f32::from(m[g]);
+        assert_eq!(*v, expect, "q5_K element {e}");
+    }
+}
+
+#[test]
+fn quant_dequantize_q6_k_known_answer() {
+    // element e has the 6-bit value (e * 7) % 64, group g scale g * 9 - 70 (signed)
+    let q6 = |e: usize| ((e * 7) % 64) as u8;
+    let mut b = vec![0u8; 210];
+    for n in 0..2 {
+        for l in 0..32 {
+            let base = 128 * n + l;
+            let (a0, a1, a2, a3) = (q6(base), q6(base + 32), q6(base + 64), q6(base + 96));
+            b[64 * n + l] = (a0 & 0x0F) | ((a2 & 0x0F) << 4);
+            b[64 * n + 32 + l] = (a1 & 0x0F) | ((a3 & 0x0F) << 4);
+            b[128 + 32 * n + l] =
+                (a0 >> 4) | ((a1 >> 4) << 2) | ((a2 >> 4) << 4) | ((a3 >> 4) << 6);
+        }
+    }
+    for g in 0..16 {
+        b[192 + g] = (g as i32 * 9 - 70) as i8 as u8;
+    }
+    b[208..210].copy_from_slice(&f16_bits(0.25));
+    let out = deq(ty::Q6_K, &b, 256);
+    for (e, v) in out.iter().enumerate() {
+        let sc = (e / 16) as f32 * 9.0 - 70.0;
+        let expect = 0.25 * sc * (f32::from(q6(e)) - 32.0);
+        assert_eq!(*v, expect, "element {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activation quantizers: hand-computed ggml results
+
+/// Block of 32 with amax 127 (so d = 1 and both multipliers are exactly 1) and ties.
+fn tie_block() -> Vec<f32> {
+    let mut x = vec![0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 3.5;
+    x[4] = 0.5;
+    x[5] = -0.5;
+    x[6] = 1.49;
+    x[7] = -126.5;
+    x[8] = 100.0;
+    x
+}
+
+#[test]
+fn quant_q8_0_matches_ggml_cpu_x86_rounding() {
+    // ggml-cpu's AVX quantize_row_q8_0: d = 127/127 = 1, q = round half to even
+    let y = quant(ty::Q8_0, &tie_block());
+    assert_eq!(&y[..2], &[0x00, 0x3C]); // f16 1.0
+    let q: Vec<i8> = y[2..].iter().map(|&b| b as i8).collect();
+    assert_eq!(&q[..9], &[127, 2, -2, 4, 0, 0, 1, -126, 100]);
+    assert!(q[9..].iter().all(|&v| v == 0));
+}
+
+#[test]
+fn quant_q8_0_ref_rounds_half_away_from_zero() {
+    let y = quant_ref(ty::Q8_0, &tie_block());
+    assert_eq!(&y[..2], &[0x00, 0x3C]);
+    let q: Vec<i8> = y[2..].iter().map(|&b| b as i8).collect();
+    assert_eq!(&q[..9], &[127, 3, -3, 4, 1, -1, 1, -127, 100]);
+}
+
+#[test]
+fn quant_q8_0_all_zero_block() {
+    for y in [quant(ty::Q8_0, &[0.0; 64]), quant_ref(ty::Q8_0, &[0.0; 64])] {
+        assert_eq!(y, vec![0u8; 68]);
+    }
+    // -0.0 too: amax is 0
+    assert_eq!(quant(ty::Q8_0, &[-0.0; 32]), vec![0u8; 34]);
+}
+
+#[test]
+fn quant_q8_0_multiplier_is_127_over_amax() {
+    // amax = 11: the CPU multiplier 127/11 = 11.545455 puts 5.5 at 63.500004 (-> 64); the
+    // reference one, 1 / f32(11/127) = 11.545454, at 63.499996 (-> 63)
+    let mut x = vec![0f32; 32];
+    x[0] = 11.0;
+    x[1] = 5.5;
+    x[2] = -5.5;
+    x[3] = 0.5; // 5.77 -> 6 either way
+    let y = quant(ty::Q8_0, &x);
+    assert_eq!(&y[..2], &f16_bits(11.0 / 127.0));
+    assert_eq!(&y[2..6], &[127, 64, (-64i8) as u8, 6]);
+    let r = quant_ref(ty::Q8_0, &x);
+    assert_eq!(&r[..2], &f16_bits(11.0 / 127.0));
+    assert_eq!(&r[2..6], &[127, 63, (-63i8) as u8, 6]);
+    // and on random data: q = round_ties_even(x * 127/amax) exactly
+    let mut rng = Rng::new(7);
+    let x = rng.floats(32 * 64);
+    let y = quant(ty::Q8_0, &x);
+    for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact(34)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        assert_eq!([yb[0], yb[1]], f16_bits(amax / 127.0));
+        for (v, &q) in xb.iter().zip(&yb[2..]) {
+            assert_eq!(q as i8, (v * id).round_ties_even() as i8);
+        }
+    }
+}
+
+#[test]
+fn quant_q8_1_stores_d_times_sum() {
+    let x = tie_block();
+    let y = quant(ty::Q8_1, &x);
+    let q: Vec<i8> = y[4..].iter().map(|&b| b as i8).collect();
+    assert_eq!(&q[..9], &[127, 2, -2, 4, 0, 0, 1, -126, 100]);
+    let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+    assert_eq!(sum, 106);
+    assert_eq!(&y[..2], &f16_bits(1.0));
+    assert_eq!(&y[2..4], &f16_bits(106.0));
+
+    let y = quant_ref(ty::Q8_1, &x);
+    let q: Vec<i8> = y[4..].iter().map(|&b| b as i8).collect();
+    assert_eq!(&q[..9], &[127, 3, -3, 4, 1, -1, 1, -127, 100]);
+    assert_eq!(&y[2..4], &f16_bits(105.0));
+
+    assert_eq!(quant(ty::Q8_1, &[0.0; 32]), vec![0u8; 36]);
+}
+
+fn q8k_parts(b: &[u8]) -> (f32, Vec<i8>, Vec<i16>) {
+    let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let qs = b[4..260].iter().map(|&v| v as i8).collect();
+    let bsums = b[260..292]
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    (d, qs, bsums)
+}
+
+#[test]
+fn quant_q8_k_matches_ggml_nearest_int() {
+    // max = -127 (largest magnitude): iscale = 1, d = 1; ties go to even (nearest_int)
+    let mut x = vec![0f32; 256];
+    x[0] = -127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 3.5;
+    x[4] = 0.5;
+    x[5] = 1.5;
+    x[16] = 126.5;
+    x[17] = -0.5000001;
+    let y = quant(ty::Q8_K, &x);
+    let (d, qs, bsums) = q8k_parts(&y);
+    assert_eq!(d, 1.0);
+    assert_eq!(&qs[..6], &[-127, 2, -2, 4, 0, 2]);
+    assert_eq!(&qs[16..18], &[126, -1]);
+    assert_eq!(bsums[0], -127 + 2 - 2 + 4 + 2);
+    assert_eq!(bsums[1], 125);
+    assert!(bsums[2..].iter().all(|&s| s == 0));
+
+    // a positive max gives a negative scale: iscale = -127 / 127 = -1, d = -1
+    x[0] = 127.0;
+    let y = quant(ty::Q8_K, &x);
+    let (d, qs, _) = q8k_parts(&y);
+    assert_eq!(d, -1.0);
+    assert_eq!(&qs[..6], &[-127, -2, 2, -4, 0, -2]);
+
+    // the first of two equal magnitudes is the max
+    let mut x = vec![0f32; 256];
+    x[3] = 2.0;
+    x[9] = -2.0;
+    let (d, qs, _) = q8k_parts(&quant(ty::Q8_K, &x));
+    assert_eq!(d, 1.0 / (-127.0f32 / 2.0));
+    assert_eq!((qs[3], qs[9]), (-127, 127));
+
+    // all-zero blocks, also after a non-zero one
+    let mut x = vec![0f32; 512];
+    x[0] = 1.0;
+    let y = quant(ty::Q8_K, &x);
+    assert_eq!(&y[292..], &[0u8; 292][..]);
+    assert_eq!(quant_ref(ty::Q8_K, &x), y);
+}
+
+#[test]
+fn quant_f16_and_bf16_round_to_nearest_even() {
+    let ties = [
+        1.0 + 2f32.powi(-11),       // halfway: down to even 1.0
+        1.0 + 3.0 * 2f32.powi(-11), // halfway: up to even 1 + 2^-9
+        65519.0,
+        65520.0,         // rounds up to infinity
+        -2f32.powi(-25), // halfway to the smallest subnormal: to -0
+        f32::NAN,
+    ];
+    let y = quant(ty::F16, &ties);
+    let h: Vec<u16> = y
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(&h[..5], &[0x3C00, 0x3C02, 0x7BFF, 0x7C00, 0x8000]);
+    assert!(h[5] & 0x7C00 == 0x7C00 && h[5] & 0x03FF != 0);
+
+    let x = [
+        1.0 + 2f32.powi(-8),
+        1.0 + 3.0 * 2f32.powi(-8),
+        f32::from_bits(0x7F80_0001), // signalling NaN: made quiet
+        f32::from_bits(0xFFC1_2345),
+        f32::MAX,                    // rounds to infinity
+        f32::from_bits(0x0000_8000), // subnormal tie: to even (0)
+    ];
+    let y = quant(ty::BF16, &x);
+    let h: Vec<u16> = y
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(h, vec![0x3F80, 0x3F82, 0x7FC0, 0xFFC1, 0x7F80, 0x0000]);
+
+    // random values agree with the half crate (no NaNs)
+    let mut rng = Rng::new(3);
+    for _ in 0..10_000 {
+        let v = f32::from_bits(rng.next_u64() as u32);
+        if v.is_nan() {
+            continue;
+        }
+        assert_eq!(float::f32_to_bf16(v), float::half_bf16(v), "{v:e}");
+        let y = quant(ty::F16, &[v]);
+        assert_eq!(y, f16_bits(v).to_vec());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Round trips
+
+/// Quantizes random rows and checks every dequantized element against the format's bound.
+#[test]
+fn quant_round_trips_within_format_bounds() {
+    let mut rng = Rng::new(11);
+    let n = 32 * 40;
+    let x = rng.floats(n);
+    for t in [ty::Q4_0, ty::Q4_1, ty::Q5_0, ty::Q5_1, ty::Q8_0, ty::Q8_1] {
+        for y in [quant(t, &x), quant_ref(t, &x)] {
+            let back = deq(t, &y, n);
+            let (_, bytes) = block_layout(t).unwrap();
+            for (blk, (xb, bb)) in x.chunks_exact(32).zip(back.chunks_exact(32)).enumerate() {
+                let b = &y[blk * bytes..];
+                let d = fp16(b[0], b[1]).abs();
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                // one quantization step where the top level is clamped (Q4_0/Q5_0), half a
+                // step otherwise, plus the f16 rounding of d and m
+                let step = match t {
+                    ty::Q4_0 | ty::Q5_0 => d,
+                    _ => 0.5 * d,
+                };
+                let bound = step + 2e-3 * amax + 1e-6;
+                for (j, (a, r)) in xb.iter().zip(bb).enumerate() {
+                    assert!(
+                        (a - r).abs() <= bound,
+                        "type {t} block {blk} elem {j}: {a} -> {r} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+    // Q8_K: half a step of |d|
+    let x = rng.floats(256 * 4);
+    let y = quant(ty::Q8_K, &x);
+    let back = deq(ty::Q8_K, &y, x.len());
+    for (blk, (xb, bb)) in x.chunks_exact(256).zip(back.chunks_exact(256)).enumerate() {
+        let (d, _, _) = q8k_parts(&y[blk * 292..]);
+        for (a, r) in xb.iter().zip(bb) {
+            assert!((a - r).abs() <= 0.5 * d.abs() * 1.0001, "{a} -> {r}");
+        }
+    }
+    // F16 / BF16 / F32
+    for (t, rel) in [
+        (ty::F16, 2f32.powi(-11)),
+        (ty::BF16, 2f32.powi(-8)),
+        (ty::F32, 0.0),
+    ] {
+        let back = deq(t, &quant(t, &x), x.len());
+        for (a, r) in x.iter().zip(&back) {
+            assert!(
+                (a - r).abs() <= a.abs() * rel + 1e-7,
+                "type {t}: {a} -> {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn quant_q4_0_ref_quantizer_known_block() {
+    // max = -16 (largest magnitude, negative): d = 2, id = 0.5
+    let mut x = vec![0f32; 32];
+    x[0] = -16.0;
+    x[1] = 14.0; // 7 + 8.5 = 15.5 -> 15
+    x[2] = 3.0; // 1.5 + 8.5 = 10
+    x[16] = -1.0; // -0.5 + 8.5 = 8
+    x[17] = 15.9; // 7.95 + 8.5 = 16.45 -> 16 -> clamped to 15
+    let y = quant_ref(ty::Q4_0, &x);
+    assert_eq!(&y[..2], &f16_bits(2.0));
+    assert_eq!(y[2], 8 << 4); // element 0: q 0; element 16: q 8
+    assert_eq!(y[3], 15 | (15 << 4));
+    assert_eq!(y[4], 10 | (8 << 4));
+}
+
+// ---------------------------------------------------------------------------------------
+// Dot products
+
+/// vec_dot against the f64 dot product of the dequantized rows.
+#[test]
+fn quant_vec_dot_matches_dequantized_dot() {
+    let mut rng = Rng::new(5);
+    for t in WEIGHT_TYPES {
+        for blocks in [1usize, 3, 16] {
+            let n = blocks
+                * if matches!(t, ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K) {
+                    256
+                } else {
+                    32
+                };
+            let x = random_weights(&mut rng, t, n);
+            let yt = vec_dot_type(t).unwrap();
+            let y = quant(yt, &rng.floats(n));
+            let dx = deq(t, &x, n);
+            let dy = deq(yt, &y, n);
+            let exact: f64 = dx
+                .iter()
+                .zip(&dy)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let scale: f64 = dx
+                .iter()
+                .zip(&dy)
+                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                .sum();
+            let got = f64::from(vec_dot(t, n, &x, &y).unwrap());
+            // Q4_1/Q5_1 use the Q8_1 block's f16 `s = d * sum(q)` for the min term
+            let rel = if matches!(t, ty::Q4_1 | ty::Q5_1) {
+                2e-3
+            } else {
+                1e-5
+            };
+            assert!(
+                (got - exact).abs() <= rel * scale + 1e-6,
+                "type {t} n {n}: {got} vs {exact} (scale {scale})"
+            );
+        }
+    }
+}
+
+/// The Q4_1/Q5_1 dot products use the stored `s`; check against ggml's formula computed by
+/// hand from the blocks.
+#[test]
+fn quant_vec_dot_q4_1_uses_stored_s() {
+    let mut rng = Rng::new(9);
+    let x = quant_ref(ty::Q4_1, &rng.floats(64));
+    let y = quant(ty::Q8_1, &rng.floats(64));
+    let mut expect = 0f32;
+    for (xb, yb) in x.chunks_exact(20).zip(y.chunks_exact(36)) {
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += i32::from(xb[4 + j] & 15) * i32::from(yb[4 + j] as i8);
+            sumi += i32::from(xb[4 + j] >> 4) * i32::from(yb[20 + j] as i8);
+        }
+        expect += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * sumi as f32
+            + fp16(xb[2], xb[3]) * fp16(yb[2], yb[3]);
+    }
+    assert_eq!(vec_dot(ty::Q4_1, 64, &x, &y).unwrap(), expect);
+}
+
+/// ggml's generic K-quant dot products (8 integer lanes, f32 lane sums) written as in
+/// `ggml-cpu/quants.c`, for Q6_K: ours combines per super-block and must agree closely.
+#[test]
+fn quant_vec_dot_q6_k_close_to_ggml_generic_lanes() {
+    let mut rng = Rng::new(21);
+    let n = 256 * 8;
+    let x = random_k_row(&mut rng, ty::Q6_K, 8);
+    let y = quant(ty::Q8_K, &rng.floats(n));
+    let mut sums = [0f32; 8];
+    for (xb, yb) in x.chunks_exact(210).zip(y.chunks_exact(292)) {
+        let mut a = [0i8; 256];
+        k_quants::unpack_q6_k(xb.try_into().unwrap(), &mut a);
+        let mut aux32 = [0i32; 8];
+        for g in 0..32 {
+            let scale = i32::from(xb[192 + g / 2] as i8);
+            for l in 0..8 {
+                aux32[l] += scale * i32::from(yb[4 + 8 * g + l] as i8) * i32::from(a[8 * g + l]);
+            }
+        }
+        let d = fp16(xb[208], xb[209]) * f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        for l in 0..8 {
+            sums[l] += d * aux32[l] as f32;
+        }
+    }
+    let generic: f32 = sums.iter().sum();
+    let ours = vec_dot(ty::Q6_K, n, &x, &y).unwrap();
+    assert!(
+        (ours - generic).abs() <= 1e-5 * generic.abs().max(1.0),
+        "{ours} vs {generic}"
+    );
+}
+
+/// The AVX2 kernels give bit-identical results to the portable ones, including Q8 quants of
+/// -128 (which ggml's own quantizers never produce).
+#[test]
+fn quant_avx2_kernels_match_portable_bit_for_bit() {
+    if !simd::avx2_active() {
+        eprintln!("no AVX2 on this CPU: the portable kernels are the only ones");
+    }
+    let mut rng = Rng::new(13);
+    for round in 0..20 {
+        let blocks = 1 + round % 9;
+        // Q4_0 / Q8_0 with random bytes (d made finite)
+        let mut x4 = rng.bytes(18 * blocks);
+        let mut x8 = rng.bytes(34 * blocks);
+        let mut y8 = rng.bytes(34 * blocks);
+        for b in x4.chunks_exact_mut(18) {
+            b[..2].copy_from_slice(&f16_bits(rng.unit()));
+        }
+        for b in x8.chunks_exact_mut(34).chain(y8.chunks_exact_mut(34)) {
+            b[..2].copy_from_slice(&f16_bits(rng.unit()));
+        }
+        assert_eq!(
+            simd::vec_dot_q4_0_q8_0(&x4, &y8).to_bits(),
+            q4::vec_dot_q4_0_q8_0(&x4, &y8).to_bits()
+        );
+        assert_eq!(
+            simd::vec_dot_q8_0_q8_0(&x8, &y8).to_bits(),
+            q8::vec_dot_q8_0_q8_0(&x8, &y8).to_bits()
+        );
+        // K-quants against random Q8_K bytes (bsums need not match the quants: both paths
+        // read them the same way)
+        let mut yk = rng.bytes(292 * blocks);
+        for b in yk.chunks_exact_mut(292) {
+            b[..4].copy_from_slice(&rng.unit().to_le_bytes());
+        }
+        let k4 = random_k_row(&mut rng, ty::Q4_K, blocks);
+        let k5 = random_k_row(&mut rng, ty::Q5_K, blocks);
+        let k6 = random_k_row(&mut rng, ty::Q6_K, blocks);
+        assert_eq!(
+            simd::vec_dot_q4_k_q8_k(&k4, &yk).to_bits(),
+            k_quants::vec_dot_q4_k_q8_k(&k4, &yk).to_bits()
+        );
+        assert_eq!(
+            simd::vec_dot_q5_k_q8_k(&k5, &yk).to_bits(),
+            k_quants::vec_dot_q5_k_q8_k(&k5, &yk).to_bits()
+        );
+        assert_eq!(
+            simd::vec_dot_q6_k_q8_k(&k6, &yk).to_bits(),
+            k_quants::vec_dot_q6_k_q8_k(&k6, &yk).to_bits()
+        );
+    }
+}
+
+/// Dequantization through the dispatcher (AVX2-compiled) equals the portable code.
+#[test]
+fn quant_dispatched_dequantize_matches_portable() {
+    let mut rng = Rng::new(17);
+    let n = 512;
+    for t in [ty::Q2_K, ty::Q3_K, ty::Q4_K, ty::Q5_K, ty::Q6_K] {
+        let x = random_k_row(&mut rng, t, n / 256);
+        let got = deq(t, &x, n);
+        let mut portable = vec![0f32; n];
+        match t {
+            ty::Q2_K => k_quants::dequantize_q2_k(&x, &mut portable),
+            ty::Q3_K => k_quants::dequantize_q3_k(&x, &mut portable),
+            ty::Q4_K => k_quants::dequantize_q4_k(&x, &mut portable),
+            ty::Q5_K => k_quants::dequantize_q5_k(&x, &mut portable),
+            _ => k_quants::dequantize_q6_k(&x, &mut portable),
+        }
+        assert_eq!(got, portable, "type {t}");
+    }
+}
+
+#[test]
+fn quant_float_dots() {
+    let mut rng = Rng::new(23);
+    for n in [1usize, 7, 64, 100, 1000] {
+        let a = rng.floats(n);
+        let b = rng.floats(n);
+        let exact: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
+        let scale: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (f64::from(*x) * f64::from(*y)).abs())
+            .sum();
+        let got = vec_dot(ty::F32, n, &quant(ty::F32, &a), &quant(ty::F32, &b)).unwrap();
+        assert!(
+            (f64::from(got) - exact).abs() <= 1e-6 * scale + 1e-9,
+            "f32 n {n}"
+        );
+        for t in [ty::F16, ty::BF16] {
+            let (qa, qb) = (quant(t, &a), quant(t, &b));
+            let (da, db) = (deq(t, &qa, n), deq(t, &qb, n));
+            let exact: f64 = da
+                .iter()
+                .zip(&db)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            let got = vec_dot(t, n, &qa, &qb).unwrap();
+            assert!(
+                (f64::from(got) - exact).abs() <= 1e-6 * scale + 1e-9,
+                "type {t} n {n}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors instead of panics
+
+#[test]
+fn quant_bad_lengths_are_errors() {
+    let is_backend = |r: Result<()>| matches!(r, Err(Error::Backend(_)));
+    let mut out = vec![0f32; 33];
+    assert!(is_backend(dequantize_row(ty::Q4_0, &[0u8; 100], &mut out)));
+    let mut out = vec![0f32; 64];
+    assert!(is_backend(dequantize_row(ty::Q4_0, &[0u8; 35], &mut out)));
+    assert!(is_backend(dequantize_row(
+        ty::Q6_K,
+        &[0u8; 419],
+        &mut [0f32; 512]
+    )));
+    assert!(dequantize_row(ty::Q4_0, &[0u8; 40], &mut out).is_ok()); // longer source is fine
+    assert!(dequantize_row(ty::Q4_K, &[], &mut []).is_ok());
+
+    let mut dst = vec![0u8; 33];
+    assert!(is_backend(quantize_row(ty::Q8_0, &[0f32; 32], &mut dst)));
+    assert!(is_backend(quantize_row(
+        ty::Q8_0,
+        &[0f32; 31],
+        &mut [0u8; 100]
+    )));
+    assert!(is_backend(quantize_row(
+        ty::Q8_K,
+        &[0f32; 256],
+        &mut [0u8; 291]
+    )));
+    assert!(is_backend(quantize_row(ty::F16, &[0f32; 4], &mut [0u8; 7])));
+
+    let x = vec![0u8; 18 * 2];
+    let y = vec![0u8; 34 * 2];
+    assert!(matches!(
+        vec_dot(ty::Q4_0, 63, &x, &y),
+        Err(Error::Backend(_))
+    ));
+    assert!(matches!(
+        vec_dot(ty::Q4_0, 64, &x[..35], &y),
+        Err(Error::Backend(_))
+    ));
+    assert!(matches!(
+        vec_dot(ty::Q4_0, 64, &x, &y[..67]),
+        Err(Error::Backend(_))
+    ));
+    assert!(matches!(
+        vec_dot(ty::Q4_K, 256, &[0u8; 144], &[0u8; 100]),
+        Err(Error::Backend(_))
+    ));
+    assert_eq!(vec_dot(ty::Q4_0, 64, &x, &y).unwrap(), 0.0);
+    assert_eq!(vec_dot(ty::F16, 0, &[], &[]).unwrap(), 0.0);
+}
+
+#[test]
+fn quant_unsupported_types_are_refused() {
+    let refused = |r: Result<()>| matches!(r, Err(Error::OpRefused { .. }));
+    for t in [16u32, 20, 23, 39, 1000] {
+        assert!(refused(dequantize_row(t, &[0u8; 1000], &mut [0f32; 256])));
+        assert!(refused(quantize_row(t, &[0f32; 256], &mut [0u8; 1000])));
+        assert!(matches!(
+            vec_dot(t, 256, &[0u8; 1000], &[0u8; 1000]),
+            Err(Error::OpRefused { .. })
+        ));
+    }
+    // no K-quant weight quantizers; no dot products with activation formats as weights
+    for t in [ty::Q2_K, ty::Q3_K, ty::Q4_K, ty::Q5_K, ty::Q6_K] {
+        assert!(refused(quantize_row(t, &[0f32; 256], &mut [0u8; 1000])));
+    }
+    for t in [ty::Q8_1, ty::Q8_K] {
+        assert!(matches!(
+            vec_dot(t, 256, &[0u8; 1000], &[0u8; 1000]),
+            Err(Error::OpRefused { .. })
+        ));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-checks against ggml's loops written out as in C (pointer walking, ggml's own scale
+// decoding with the kmask tricks), on random blocks.
+
+fn c_fp16(b: &[u8], at: usize) -> f32 {
+    fp16(b[at], b[at + 1])
+}
+
+/// `dequantize_row_q2_K` as written in ggml.
+fn c_dequantize_q2_k(b: &[u8], y: &mut Vec<f32>) {
+    let d = c_fp16(b, 80);
+    let min = c_fp16(b, 82);
+    let mut q = 16;
+    let mut is = 0;
+    for _n in 0..2 {
+        let mut shift = 0;
+        for _j in 0..4 {
+            for half in 0..2 {
+                let sc = b[is];
+                is += 1;
+                let dl = d * f32::from(sc & 0xF);
+                let ml = min * f32::from(sc >> 4);
+                for l in 0..16 {
+                    y.push(dl * f32::from(((b[q + l + 16 * half] >> shift) & 3) as i8) - ml);
+                }
+            }
+            shift += 2;
+        }
+        q += 32;
+    }
+}
+
+/// `dequantize_row_q3_K` as written in ggml (scales through `aux` and the kmasks).
+fn c_dequantize_q3_k(b: &[u8], y: &mut Vec<f32>) {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let d_all = c_fp16(b, 108);
+    let word =
+        |i: usize| u32::from_le_bytes([b[96 + 4 * i], b[97 + 4 * i], b[98 + 4 * i], b[99 + 4 * i]]);
+    let mut aux = [word(0), word(1), word(2), 0];
+    let tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4);
+    aux[3] = ((aux[1] >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4);
+    aux[0] = (aux[0] & KMASK2) | ((tmp & KMASK1) << 4);
+    aux[1] = (aux[1] & KMASK2) | (((tmp >> 2) & KMASK1) << 4);
+    let scales: Vec<i8> = aux
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .map(|v| v as i8)
+        .collect();
+    let mut q = 32;
+    let mut m = 1u8;
+    let mut is = 0;
+    for _n in 0..2 {
+        let mut shift = 0;
+        for _j in 0..4 {
+            for half in 0..2 {
+                let dl = d_all * f32::from(scales[is] - 32);
+                is += 1;
+                for l in 0..16 {
+                    let idx = l + 16 * half;
+                    let low = ((b[q + idx] >> shift) & 3) as i8;
+                    let high = if b[idx] & m != 0 { 0 } else { 4 };
+                    y.push(dl * f32::from(low - high));
+                }
+            }
+            shift += 2;
+            m <<= 1;
+        }
+        q += 32;
+    }
+}
+
+/// The Q4_K/Q5_K scales and mins as ggml's dot products decode them (`utmp` and kmasks).
+fn c_k4_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let mut utmp = [word(0), word(1), word(2), 0];
+    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
+    let uaux = utmp[1] & KMASK1;
+    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= KMASK1;
+    let bytes: Vec<u8> = utmp.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    sc.copy_from_slice(&bytes[..8]);
+    m.copy_from_slice(&bytes[8..]);
+    (sc, m)
+}
+
+/// `dequantize_row_q4_K` / `dequantize_row_q5_K` as written in ggml.
+fn c_dequantize_q45_k(b: &[u8], five: bool, y: &mut Vec<f32>) {
+    let d = c_fp16(b, 0);
+    let min = c_fp16(b, 2);
+    let (sc, m) = c_k4_scales(&b[4..16]);
+    let mut ql = if five { 48 } else { 16 };
+    let (mut u1, mut u2) = (1u8, 2u8);
+    for j in 0..4 {
+        let (d1, m1) = (d * f32::from(sc[2 * j]), min * f32::from(m[2 * j]));
+        let (d2, m2) = (d * f32::from(sc[2 * j + 1]), min * f32::from(m[2 * j + 1]));
+        for l in 0..32 {
+            let h = if five && b[16 + l] & u1 != 0 { 16 } else { 0 };
+            y.push(d1 * f32::from((b[ql + l] & 0xF) + h) - m1);
+        }
+        for l in 0..32 {
+            let h = if five && b[16 + l] & u2 != 0 { 16 } else { 0 };
+            y.push(d2 * f32::from((b[ql + l] >> 4) + h) - m2);
+        }
+        ql += 32;
+        u1 <<= 2;
+        u2 <<= 2;
+    }
+}
+
+/// `dequantize_row_q6_K` as written in ggml.
+fn c_dequantize_q6_k(b: &[u8], y: &mut Vec<f32>) {
+    let d = c_fp16(b, 208);
+    let mut out = [0f32; 256];
+    let (mut ql, mut qh, mut sc, mut yo) = (0, 128, 192, 0);
+    for _n in 0..2 {
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((b[ql + l] & 0xF) | ((b[qh + l] & 3) << 4)) as i8 - 32;
+            let q2 = ((b[ql + l + 32] & 0xF) | (((b[qh + l] >> 2) & 3) << 4)) as i8 - 32;
+            let q3 = ((b[ql + l] >> 4) | (((b[qh + l] >> 4) & 3) << 4)) as i8 - 32;
+            let q4 = ((b[ql + l + 32] >> 4) | (((b[qh + l] >> 6) & 3) << 4)) as i8 - 32;
+            let s = |k: usize| f32::from(b[sc + is + k] as i8);
+            out[yo + l] = d * s(0) * f32::from(q1);
+            out[yo + l + 32] = d * s(2) * f32::from(q2);
+            out[yo + l + 64] = d * s(4) * f32::from(q3);
+            out[yo + l + 96] = d * s(6) * f32::from(q4);
+        }
+        yo += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+    y.extend_from_slice(&out);
+}
+
+#[test]
+fn quant_k_dequantizers_match_ggml_loops_bit_for_bit() {
+    let mut rng = Rng::new(29);
+    let blocks = 6;
+    for t in [ty::Q2_K, ty::Q3_K, ty::Q4_K, ty::Q5_K, ty::Q6_K] {
+        let x = random_k_row(&mut rng, t, blocks);
+        let (_, bytes) = block_layout(t).unwrap();
+        let mut expect = Vec::new();
+        for b in x.chunks_exact(bytes) {
+            match t {
+                ty::Q2_K => c_dequantize_q2_k(b, &mut expect),
+                ty::Q3_K => c_dequantize_q3_k(b, &mut expect),
+                ty::Q4_K => c_dequantize_q45_k(b, false, &mut expect),
+                ty::Q5_K => c_dequantize_q45_k(b, true, &mut expect),
+                _ => c_dequantize_q6_k(b, &mut expect),
+            }
+        }
+        let got = deq(t, &x, blocks * 256);
+        let same = got
+            .iter()
+            .zip(&expect)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "type {t}");
+    }
+    // and the two Q4_K scale decodings agree on every byte pattern of random blocks
+    for _ in 0..1000 {
+        let s: [u8; 12] = rng.bytes(12).try_into().unwrap();
+        assert_eq!(k_quants::scales_mins_k4(&s), c_k4_scales(&s));
+    }
+}
+
+/// Random Q5_0 / Q5_1 / Q4_x blocks against ggml's loops (the `qh` bit extraction of the dot
+/// product, `((qh & (1 << (j + 16))) >> (j + 12))`, differs in form from dequantization's).
+#[test]
+fn quant_q5_dot_matches_ggml_generic_loop() {
+    let mut rng = Rng::new(31);
+    let blocks = 5;
+    let mut x = rng.bytes(22 * blocks);
+    for b in x.chunks_exact_mut(22) {
+        b[..2].copy_from_slice(&f16_bits(rng.unit()));
+    }
+    let y = quant(ty::Q8_0, &rng.floats(32 * blocks));
+    let mut sumf = 0f32;
+    for (xb, yb) in x.chunks_exact(22).zip(y.chunks_exact(34)) {
+        let qh = u32::from_le_bytes([xb[2], xb[3], xb[4], xb[5]]);
+        let (mut s0, mut s1) = (0i32, 0i32);
+        for j in 0..16 {
+            let xh0 = (((qh & (1 << j)) >> j) << 4) as u8;
+            let xh1 = ((qh & (1 << (j + 16))) >> (j + 12)) as u8;
+            let x0 = ((xb[6 + j] & 0x0F) | xh0) as i32 - 16;
+            let x1 = ((xb[6 + j] >> 4) | xh1) as i32 - 16;
+            s0 += x0 * i32::from(yb[2 + j] as i8);
+            s1 += x1 * i32::from(yb[18 + j] as i8);
+        }
+        sumf += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * (s0 + s1) as f32;
+    }
+    assert_eq!(vec_dot(ty::Q5_0, 32 * blocks, &x, &y).unwrap(), sumf);
+}
+
+/// Rough speed figures (`cargo test --release -p backend-cpu quant_bench -- --ignored
+/// --nocapture`): ns per element of `vec_dot` on cache-resident rows of 4096 elements, and of
+/// `dequantize_row` and activation `quantize_row`; best of several trials (shared machines).
+#[test]
+#[ignore = "micro-benchmark; run in release by hand"]
+fn quant_bench() {
+    use std::hint::black_box;
+    use std::time::Instant;
+    let n = 4096;
+    let reps = 2_000;
+    let best = |f: &mut dyn FnMut()| -> f64 {
+        (0..7)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    f();
+                }
+                start.elapsed().as_nanos() as f64 / (reps * n) as f64
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut rng = Rng::new(1);
+    println!("avx2 kernels: {}", simd::avx2_active());
+    for t in WEIGHT_TYPES {
+        let x = random_weights(&mut rng, t, n);
+        let y = quant(vec_dot_type(t).unwrap(), &rng.floats(n));
+        let mut acc = 0f32;
+        let dot = best(&mut || acc += vec_dot(t, n, black_box(&x), black_box(&y)).unwrap());
+        let mut out = vec![0f32; n];
+        let deq_ns = best(&mut || dequantize_row(t, black_box(&x), black_box(&mut out)).unwrap());
+        println!(
+            "{:>5}: vec_dot {dot:.3} ns/elem, dequantize {deq_ns:.3} ns/elem ({acc:e})",
+            type_info(t).unwrap().name
+        );
+    }
+    let src = rng.floats(n);
+    for t in [ty::Q8_0, ty::Q8_1, ty::Q8_K, ty::F16, ty::BF16] {
+        let mut dst = vec![0u8; row_size(t, n).unwrap()];
+        let ns = best(&mut || quantize_row(t, black_box(&src), black_box(&mut dst)).unwrap());
+        println!(
+            "{:>5}: quantize_row {ns:.3} ns/elem",
+            type_info(t).unwrap().name
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! The embedded default backend of `ggml-rpc-server`: one device, `"CPU"`, whose buffers live
+//! in host memory.
+//!
+//! [`CpuBackend`] implements [`proto_core::backend::Backend`]. It answers the device queries
+//! exactly as ggml's CPU backend does for its default buffer type, so a llama.cpp client lays
+//! tensors out identically whether it talks to this server or to the reference one:
+//!
+//! | query | answer | upstream source (llama.cpp b11434) |
+//! |---|---|---|
+//! | GET_ALIGNMENT | [`CpuBackend::ALIGNMENT`] = 32 | `ggml_backend_cpu_buffer_type_get_alignment` returns `TENSOR_ALIGNMENT` (`ggml/src/ggml-backend.cpp`), defined as 32 in `ggml/src/ggml-impl.h` |
+//! | GET_MAX_SIZE | [`CpuBackend::MAX_SIZE`] = `u64::MAX` | the CPU buffer type has no `get_max_size`, and `ggml_backend_buft_get_max_size` then returns `SIZE_MAX` (`ggml-backend.cpp`) |
+//! | GET_ALLOC_SIZE | `ggml_nbytes` of the tensor ([`RpcTensor::byte_size`]) | the CPU buffer type has no `get_alloc_size`, and `ggml_backend_buft_get_alloc_size` then returns `ggml_nbytes` (`ggml-backend.cpp`) |
+//!
+//! The CPU device's default buffer type is `ggml_backend_cpu_buffer_type()`
+//! (`ggml_backend_cpu_device_get_buffer_type` in `ggml/src/ggml-cpu/ggml-cpu.cpp`). Its "extra"
+//! buffer types (repack, AMX, KleidiAI) change alignment and allocation sizes, but the RPC
+//! server only ever allocates from the default type, so they play no part here.
+//!
+//! Module layout:
+//! * `buffers`: host memory (allocation, per-buffer locks, bounds checks, accounting);
+//! * `compute`: graph execution; today only the admission check, the engine goes there;
+//! * `meminfo`: the host's memory figures and CPU name.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod buffers;
+mod compute;
+mod meminfo;
+
+use proto_core::backend::{AllocatedBuffer, Backend, BufferId, DeviceMemory, TensorLocation};
+use proto_core::graph::Graph;
+use proto_core::wire::RpcTensor;
+use proto_core::{Error, Result};
+
+use buffers::BufferPool;
+
+/// What GET_DEVICE_MEMORY answers when the host's figures cannot be read (non-Linux systems,
+/// or an unreadable `/proc/meminfo`): zero free of zero total, i.e. "unknown".
+pub const UNKNOWN_MEMORY: DeviceMemory = DeviceMemory { free: 0, total: 0 };
+
+/// Settings of a [`CpuBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Worker threads for graph compute (`-t N`). Stored now, used by the compute engine; 0 is
+    /// taken as 1 because a compute pool needs at least one thread.
+    pub threads: usize,
+}
+
+impl Default for CpuConfig {
+    /// `ggml-rpc-server`'s default: half the hardware threads, at least one.
+    fn default() -> Self {
+        let hardware = std::thread::available_parallelism().map_or(1, |n| n.get());
+        CpuConfig {
+            threads: (hardware / 2).max(1),
+        }
+    }
+}
+
+/// The CPU device: host-memory buffers, shared by every connection of the server.
+///
+/// Every method takes `&self`; wrap the backend in an `Arc` and hand it to each connection's
+/// dispatcher. Buffers are locked individually, so transfers of different buffers run in
+/// parallel.
+#[derive(Debug)]
+pub struct CpuBackend {
+    threads: usize,
+    buffers: BufferPool,
+}
+
+impl CpuBackend {
+    /// The device's name (ggml's CPU device name, used by `-d CPU`).
+    pub const DEVICE_NAME: &'static str = "CPU";
+    /// Alignment of the default buffer type: ggml's `TENSOR_ALIGNMENT`.
+    pub const ALIGNMENT: u64 = 32;
+    /// Largest buffer the default buffer type will try to allocate: ggml's `SIZE_MAX` default
+    /// ("unlimited"; a real allocation may of course still fail).
+    pub const MAX_SIZE: u64 = u64::MAX;
+
+    /// A backend with the given settings and no buffers.
+    pub fn new(config: CpuConfig) -> CpuBackend {
+        CpuBackend {
+            threads: config.threads.max(1),
+            buffers: BufferPool::default(),
+        }
+    }
+
+    /// The compute thread count.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The device's name, [`CpuBackend::DEVICE_NAME`].
+    pub fn device_name(&self) -> &'static str {
+        Self::DEVICE_NAME
+    }
+
+    /// The device's description for the server banner: the CPU model where the OS tells it,
+    /// otherwise `"CPU"` (as ggml's CPU device does).
+    pub fn device_description(&self) -> String {
+        meminfo::cpu_description()
+    }
+
+    /// Bytes held by live buffers (requested sizes), to check that closed connections gave
+    /// their memory back.
+    pub fn used_bytes(&self) -> u64 {
+        self.buffers.used_bytes()
+    }
+
+    /// Number of live buffers.
+    pub fn live_buffers(&self) -> usize {
+        self.buffers.live_buffers()
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new(CpuConfig::default())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device_count(&self) -> u32 {
+        1
+    }
+
+    fn device_memory(&self, _device: u32) -> DeviceMemory {
+        meminfo::system_memory().unwrap_or(UNKNOWN_MEMORY)
+    }
+
+    fn alignment(&self, _device: u32) -> u64 {
+        Self::ALIGNMENT
+    }
+
+    fn max_size(&self, _device: u32) -> u64 {
+        Self::MAX_SIZE
+    }
+
+    fn alloc_buffer(&self, device: u32, size: u64) -> Option<AllocatedBuffer> {
+        // The dispatcher checks the index; a stray one is still only a failed allocation.
+        if device != 0 {
+            return None;
+        }
+        let id = self.buffers.alloc(size)?;
+        Some(AllocatedBuffer { id, size })
+    }
+
+    fn free_buffer(&self, buffer: BufferId) {
+        self.buffers.free(buffer);
+    }
+
+    fn clear_buffer(&self, buffer: BufferId, value: u8) -> Result<()> {
+        self.buffers.get(buffer)?.clear(value);
+        Ok(())
+    }
+
+    fn write(&self, at: TensorLocation, data: &[u8]) -> Result<()> {
+        self.buffers
+            .with_region_mut(at, data.len() as u64, |region| region.copy_from_slice(data))
+    }
+
+    fn read(&self, at: TensorLocation, out: &mut [u8]) -> Result<()> {
+        self.buffers
+            .with_region(at, out.len() as u64, |region| out.copy_from_slice(region))
+    }
+
+    fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()> {
+        self.buffers
+            .with_region_mut(at, len, |region| region.fill(value))
+    }
+
+    fn copy(&self, src: TensorLocation, dst: TensorLocation, len: u64) -> Result<bool> {
+        // Every buffer of this backend is host memory, so every pair can copy directly.
+        self.buffers.copy(src, dst, len)?;
+        Ok(true)
+    }
+
+    fn alloc_size(&self, _device: u32, tensor: &RpcTensor) -> Result<u64> {
+        // ggml's CPU buffer type has no get_alloc_size: ggml_nbytes, no padding.
+        tensor.byte_size()
+    }
+
+    fn init_tensor(&self, at: TensorLocation, tensor: &RpcTensor) -> Result<()> {
+        // ggml's CPU buffer has no init_tensor hook: nothing to prepare. The tensor is still
+        // checked against its buffer so a dispatcher mistake surfaces here as an error.
+        let size = tensor.byte_size()?;
+        let buffer = self.buffers.get(at.buffer)?;
+        buffers::region(buffer.len(), at.offset, size).map(|_| ())
+    }
+
+    fn graph_compute(&self, device: u32, graph: &Graph) -> Result<()> {
+        if device != 0 {
+            return Err(Error::InvalidDevice { device, count: 1 });
+        }
+        compute::run(&self.buffers, self.threads, graph)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,299 @@
+//! Unit tests of [`CpuBackend`] through the [`Backend`] trait.
+
+use std::sync::Arc;
+
+use proto_core::ggml::types::id;
+use proto_core::ggml::{flags, Op};
+use proto_core::graph::GraphTensor;
+use proto_core::wire::MAX_SRC;
+use proto_core::ErrorKind;
+
+use super::*;
+
+fn backend() -> CpuBackend {
+    CpuBackend::new(CpuConfig { threads: 2 })
+}
+
+fn at(buffer: BufferId, offset: u64) -> TensorLocation {
+    TensorLocation { buffer, offset }
+}
+
+fn alloc(backend: &CpuBackend, size: u64) -> BufferId {
+    let buffer = backend.alloc_buffer(0, size).expect("allocation");
+    assert_eq!(buffer.size, size);
+    buffer.id
+}
+
+#[test]
+fn answers_device_queries_like_ggml_cpu() {
+    let backend = backend();
+    assert_eq!(backend.device_count(), 1);
+    assert_eq!(backend.device_name(), "CPU");
+    assert_eq!(backend.alignment(0), 32);
+    assert_eq!(backend.max_size(0), u64::MAX);
+    let q4k = RpcTensor::contiguous(1, id::Q4_K, [512, 3, 1, 1]).unwrap();
+    assert_eq!(backend.alloc_size(0, &q4k).unwrap(), 3 * 2 * 144);
+    // Not a multiple of 512 elements: GPU backends pad these, the CPU does not.
+    let q8 = RpcTensor::contiguous(1, id::Q8_0, [96, 5, 1, 1]).unwrap();
+    assert_eq!(backend.alloc_size(0, &q8).unwrap(), 5 * 3 * 34);
+    let mut strided = RpcTensor::contiguous(1, id::F32, [4, 2, 1, 1]).unwrap();
+    strided.nb[1] = 64;
+    assert_eq!(backend.alloc_size(0, &strided).unwrap(), 4 * 4 + 64);
+    let memory = backend.device_memory(0);
+    assert!(memory.free <= memory.total);
+}
+
+#[test]
+fn threads_are_stored_and_never_zero() {
+    assert_eq!(CpuBackend::new(CpuConfig { threads: 7 }).threads(), 7);
+    assert_eq!(CpuBackend::new(CpuConfig { threads: 0 }).threads(), 1);
+    assert!(CpuConfig::default().threads >= 1);
+}
+
+#[test]
+fn write_read_fill_clear_round_trip() {
+    let backend = backend();
+    let buffer = alloc(&backend, 64);
+    let mut out = [0xffu8; 64];
+    backend.read(at(buffer, 0), &mut out).unwrap();
+    assert_eq!(out, [0u8; 64], "buffers start zeroed");
+
+    let data: Vec<u8> = (1..=16).collect();
+    backend.write(at(buffer, 8), &data).unwrap();
+    backend.fill(at(buffer, 30), 4, 0xee).unwrap();
+    backend.read(at(buffer, 0), &mut out).unwrap();
+    assert_eq!(&out[..8], &[0; 8]);
+    assert_eq!(&out[8..24], &data[..]);
+    assert_eq!(&out[24..30], &[0; 6]);
+    assert_eq!(&out[30..34], &[0xee; 4]);
+
+    backend.clear_buffer(buffer, 0x5a).unwrap();
+    backend.read(at(buffer, 0), &mut out).unwrap();
+    assert_eq!(out, [0x5a; 64]);
+
+    // Empty regions, also at the very end.
+    backend.write(at(buffer, 64), &[]).unwrap();
+    backend.fill(at(buffer, 64), 0, 1).unwrap();
+}
+
+#[test]
+fn regions_outside_the_buffer_are_errors_not_panics() {
+    let backend = backend();
+    let buffer = alloc(&backend, 32);
+    let out_of_bounds = |r: Result<()>| assert_eq!(r.unwrap_err().kind(), ErrorKind::OutOfBounds);
+    out_of_bounds(backend.write(at(buffer, 30), &[0; 3]));
+    out_of_bounds(backend.write(at(buffer, 33), &[]));
+    out_of_bounds(backend.read(at(buffer, u64::MAX), &mut [0; 1]));
+    out_of_bounds(backend.fill(at(buffer, 1), u64::MAX, 0));
+    out_of_bounds(backend.fill(at(buffer, 0), 33, 0));
+    out_of_bounds(backend.copy(at(buffer, 0), at(buffer, 17), 16).map(|_| ()));
+    out_of_bounds(backend.copy(at(buffer, 17), at(buffer, 0), 16).map(|_| ()));
+    let tensor = RpcTensor::contiguous(1, id::F32, [4, 1, 1, 1]).unwrap();
+    out_of_bounds(backend.init_tensor(at(buffer, 17), &tensor));
+    backend.init_tensor(at(buffer, 16), &tensor).unwrap();
+    // Nothing was written by the refused calls.
+    let mut out = [1u8; 32];
+    backend.read(at(buffer, 0), &mut out).unwrap();
+    assert_eq!(out, [0; 32]);
+}
+
+#[test]
+fn unknown_and_freed_buffers_are_backend_errors() {
+    let backend = backend();
+    let buffer = alloc(&backend, 8);
+    backend.free_buffer(buffer);
+    let unknown = |r: Result<()>| assert_eq!(r.unwrap_err().kind(), ErrorKind::Backend);
+    unknown(backend.write(at(buffer, 0), &[1]));
+    unknown(backend.read(at(buffer, 0), &mut [0]));
+    unknown(backend.clear_buffer(buffer, 0));
+    unknown(backend.fill(at(BufferId(0), 0), 1, 0));
+    let other = alloc(&backend, 8);
+    unknown(backend.copy(at(buffer, 0), at(other, 0), 1).map(|_| ()));
+    unknown(backend.copy(at(other, 0), at(buffer, 0), 1).map(|_| ()));
+    // Freeing an unknown buffer is a no-op.
+    backend.free_buffer(buffer);
+    assert_eq!(backend.live_buffers(), 1);
+}
+
+#[test]
+fn copies_between_buffers_and_within_one() {
+    let backend = backend();
+    let a = alloc(&backend, 16);
+    let b = alloc(&backend, 16);
+    let pattern: Vec<u8> = (0..16).collect();
+    backend.write(at(a, 0), &pattern).unwrap();
+    // Both id orders take the two-lock path.
+    assert!(backend.copy(at(a, 2), at(b, 0), 8).unwrap());
+    assert!(backend.copy(at(b, 0), at(a, 8), 8).unwrap());
+    let mut out = [0u8; 16];
+    backend.read(at(b, 0), &mut out).unwrap();
+    assert_eq!(&out[..8], &pattern[2..10]);
+    assert_eq!(&out[8..], &[0; 8]);
+    backend.read(at(a, 0), &mut out).unwrap();
+    assert_eq!(&out[..8], &pattern[..8]);
+    assert_eq!(&out[8..], &pattern[2..10]);
+    // Overlapping within one buffer behaves like memmove.
+    backend.write(at(a, 0), &pattern).unwrap();
+    backend.copy(at(a, 0), at(a, 1), 15).unwrap();
+    backend.read(at(a, 0), &mut out).unwrap();
+    assert_eq!(out, [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
+    assert!(backend.copy(at(a, 16), at(b, 16), 0).unwrap());
+}
+
+#[test]
+fn allocation_failures_are_soft_and_accounting_balances() {
+    let backend = backend();
+    assert!(backend.alloc_buffer(0, u64::MAX).is_none());
+    assert!(backend.alloc_buffer(0, 1 << 63).is_none());
+    assert!(backend.alloc_buffer(1, 16).is_none());
+    assert_eq!((backend.used_bytes(), backend.live_buffers()), (0, 0));
+
+    let empty = alloc(&backend, 0);
+    let a = alloc(&backend, 1000);
+    let b = alloc(&backend, 24);
+    assert_ne!(a, b);
+    assert_eq!((backend.used_bytes(), backend.live_buffers()), (1024, 3));
+    backend.clear_buffer(empty, 7).unwrap();
+    for id in [empty, a, b] {
+        backend.free_buffer(id);
+    }
+    assert_eq!((backend.used_bytes(), backend.live_buffers()), (0, 0));
+}
+
+#[test]
+fn many_threads_with_their_own_buffers() {
+    let backend = Arc::new(backend());
+    let workers: Vec<_> = (0..8u8)
+        .map(|n| {
+            let backend = backend.clone();
+            std::thread::spawn(move || {
+                for round in 0..50u8 {
+                    let buffer = alloc(&backend, 4096);
+                    let data = vec![n ^ round; 4096];
+                    backend.write(at(buffer, 0), &data).unwrap();
+                    let mut out = vec![0u8; 4096];
+                    backend.read(at(buffer, 0), &mut out).unwrap();
+                    assert_eq!(out, data);
+                    backend.free_buffer(buffer);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert_eq!((backend.used_bytes(), backend.live_buffers()), (0, 0));
+}
+
+// --- graphs -------------------------------------------------------------------------------
+
+/// A graph tensor located in `buffer` at `offset`.
+fn tensor(id: u64, op: Op, compute: bool, location: Option<TensorLocation>) -> GraphTensor {
+    let mut record = RpcTensor::contiguous(id, id::F32, [4, 4, 1, 1]).unwrap();
+    record.op = op.0;
+    if compute {
+        record.flags = flags::COMPUTE;
+    }
+    GraphTensor {
+        byte_size: record.byte_size().unwrap(),
+        record,
+        src: [None; MAX_SRC],
+        view_src: None,
+        location,
+    }
+}
+
+fn graph(tensors: Vec<GraphTensor>, nodes: Vec<u32>) -> Graph {
+    Graph {
+        device: 0,
+        uid: 0,
+        nodes,
+        tensors,
+    }
+}
+
+#[test]
+fn graphs_of_layout_ops_succeed_without_touching_memory() {
+    let backend = backend();
+    let buffer = alloc(&backend, 64);
+    backend.write(at(buffer, 0), &[9; 64]).unwrap();
+    let mut tensors = vec![tensor(1, Op::NONE, false, Some(at(buffer, 0)))];
+    for (n, op) in [Op::RESHAPE, Op::VIEW, Op::PERMUTE, Op::TRANSPOSE, Op::NONE]
+        .into_iter()
+        .enumerate()
+    {
+        let mut view = tensor(n as u64 + 2, op, true, Some(at(buffer, 0)));
+        view.src[0] = Some(0);
+        view.view_src = Some(0);
+        tensors.push(view);
+    }
+    let g = graph(tensors, vec![1, 2, 3, 4, 5]);
+    backend.graph_compute(0, &g).unwrap();
+    let mut out = [0u8; 64];
+    backend.read(at(buffer, 0), &mut out).unwrap();
+    assert_eq!(out, [9; 64]);
+}
+
+#[test]
+fn compute_ops_are_refused_unless_the_node_is_skipped() {
+    let backend = backend();
+    let buffer = alloc(&backend, 192);
+    let a = tensor(1, Op::NONE, false, Some(at(buffer, 0)));
+    let b = tensor(2, Op::NONE, false, Some(at(buffer, 64)));
+    let mut product = tensor(3, Op::MUL_MAT, true, Some(at(buffer, 128)));
+    product.src = [
+        Some(0),
+        Some(1),
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ];
+    let mut reshape = tensor(4, Op::RESHAPE, true, Some(at(buffer, 128)));
+    reshape.src[0] = Some(2);
+    reshape.view_src = Some(2);
+
+    // A view first, then the product: refused as a whole, before anything runs.
+    let g = graph(
+        vec![a.clone(), b.clone(), product.clone(), reshape],
+        vec![2, 3],
+    );
+    let err = backend.graph_compute(0, &g).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OpRefused {
+            op: Op::MUL_MAT.0,
+            reason: "not implemented by the CPU backend yet"
+        }
+    );
+
+    // Without the COMPUTE flag the node is skipped, as ggml's CPU backend does.
+    let mut skipped = product;
+    skipped.record.flags = 0;
+    backend
+        .graph_compute(0, &graph(vec![a, b, skipped], vec![2]))
+        .unwrap();
+
+    let g = graph(vec![tensor(1, Op::ADD, true, Some(at(buffer, 0)))], vec![0]);
+    assert_eq!(
+        backend.graph_compute(0, &g).unwrap_err().kind(),
+        ErrorKind::OpRefused
+    );
+    assert_eq!(
+        backend.graph_compute(1, &g).unwrap_err().kind(),
+        ErrorKind::InvalidDevice
+    );
+}
+
+#[test]
+fn layout_ops_are_ggml_op_is_empty() {
+    // ggml_op_is_empty (ggml-impl.h): NONE, RESHAPE, TRANSPOSE, VIEW, PERMUTE; nothing else.
+    let empty: Vec<u32> = (0..proto_core::ggml::OP_COUNT)
+        .filter(|&op| Op(op).is_view())
+        .collect();
+    assert_eq!(empty, vec![0, 36, 37, 38, 39]);
+}

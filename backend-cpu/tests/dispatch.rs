@@ -1,0 +1,448 @@
+//! `proto_core::dispatch::Dispatcher` driving a [`CpuBackend`] with real request values, the way
+//! a shell does for one connection.
+
+use std::sync::Arc;
+
+use backend_cpu::{CpuBackend, CpuConfig};
+use bytes::Bytes;
+use proto_core::backend::Backend;
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::ggml::types::id;
+use proto_core::ggml::{flags, Op};
+use proto_core::session::{ServerEvent, TensorWrite};
+use proto_core::wire::{
+    AllocSizeRequest, GraphComputeRequest, ProtocolVersion, Request, Response, RpcTensor,
+    SetTensorHeader,
+};
+use proto_core::{Error, ErrorKind, Result};
+
+fn cpu() -> Arc<CpuBackend> {
+    Arc::new(CpuBackend::new(CpuConfig { threads: 1 }))
+}
+
+fn connect(backend: &Arc<CpuBackend>, version: ProtocolVersion) -> Dispatcher<CpuBackend> {
+    let mut dispatcher = Dispatcher::new(backend.clone(), DispatcherConfig::new(version)).unwrap();
+    let hello = respond(&mut dispatcher, Request::Hello { caps: [0; 24] });
+    assert!(matches!(hello, Response::Hello { version: v, .. } if v == version));
+    dispatcher
+}
+
+fn request(dispatcher: &mut Dispatcher<CpuBackend>, request: Request) -> Result<Outcome> {
+    dispatcher.handle(ServerEvent::Request(request))
+}
+
+fn respond(dispatcher: &mut Dispatcher<CpuBackend>, req: Request) -> Response {
+    match request(dispatcher, req).unwrap() {
+        Outcome::Respond(response) => response,
+        other => panic!("expected a response, got {other:?}"),
+    }
+}
+
+fn done(dispatcher: &mut Dispatcher<CpuBackend>, req: Request) {
+    assert_eq!(request(dispatcher, req).unwrap(), Outcome::Done);
+}
+
+/// ALLOC_BUFFER + BUFFER_GET_BASE: (handle, base).
+fn alloc(dispatcher: &mut Dispatcher<CpuBackend>, size: u64) -> (u64, u64) {
+    let Response::AllocBuffer {
+        remote_ptr,
+        remote_size,
+    } = respond(dispatcher, Request::AllocBuffer { device: 0, size })
+    else {
+        panic!("ALLOC_BUFFER answered something else");
+    };
+    assert_ne!(remote_ptr, 0, "allocation of {size} bytes failed");
+    assert_eq!(remote_size, size);
+    let Response::BufferBase(base) =
+        respond(dispatcher, Request::BufferGetBase { buffer: remote_ptr })
+    else {
+        panic!("BUFFER_GET_BASE answered something else");
+    };
+    (remote_ptr, base)
+}
+
+/// An F32 tensor of `ne` placed at `data` in `buffer`.
+fn f32_tensor(id: u64, ne: [u32; 4], buffer: u64, data: u64) -> RpcTensor {
+    RpcTensor {
+        buffer,
+        data,
+        ..RpcTensor::contiguous(id, id::F32, ne).unwrap()
+    }
+}
+
+fn set(
+    dispatcher: &mut Dispatcher<CpuBackend>,
+    tensor: &RpcTensor,
+    offset: u64,
+    data: &[u8],
+) -> Result<Outcome> {
+    let header = Box::new(SetTensorHeader {
+        tensor: tensor.clone(),
+        cache_flag: 0,
+        offset,
+    });
+    request(
+        dispatcher,
+        Request::SetTensor {
+            header,
+            data: Bytes::copy_from_slice(data),
+        },
+    )
+}
+
+fn get(
+    dispatcher: &mut Dispatcher<CpuBackend>,
+    tensor: &RpcTensor,
+    offset: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
+    match request(
+        dispatcher,
+        Request::GetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            size,
+        },
+    )? {
+        Outcome::Respond(Response::TensorData(data)) => Ok(data.to_vec()),
+        other => panic!("GET_TENSOR answered {other:?}"),
+    }
+}
+
+#[test]
+fn device_queries() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V7_0_0);
+    assert_eq!(
+        respond(&mut conn, Request::DeviceCount),
+        Response::DeviceCount(1)
+    );
+    assert_eq!(
+        respond(&mut conn, Request::GetAlignment { device: 0 }),
+        Response::Alignment(32)
+    );
+    assert_eq!(
+        respond(&mut conn, Request::GetMaxSize { device: 0 }),
+        Response::MaxSize(u64::MAX)
+    );
+    let Response::DeviceMemory { free, total } =
+        respond(&mut conn, Request::GetDeviceMemory { device: 0 })
+    else {
+        panic!("GET_DEVICE_MEMORY answered something else");
+    };
+    assert!(free <= total);
+    if cfg!(target_os = "linux") {
+        assert!(total > 0, "Linux reports real figures");
+    }
+    let q4k = RpcTensor::contiguous(1, id::Q4_K, [768, 2, 1, 1]).unwrap();
+    let alloc_size = Request::GetAllocSize(Box::new(AllocSizeRequest {
+        device: 0,
+        tensor: q4k.clone(),
+        srcs: Default::default(),
+    }));
+    assert_eq!(
+        respond(&mut conn, alloc_size),
+        Response::AllocSize(q4k.byte_size().unwrap())
+    );
+    let bad_device = request(&mut conn, Request::GetAlignment { device: 1 }).unwrap_err();
+    assert_eq!(
+        bad_device,
+        Error::InvalidDevice {
+            device: 1,
+            count: 1
+        }
+    );
+}
+
+#[test]
+fn data_commands_are_byte_exact() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+    let (buffer, base) = alloc(&mut conn, 4096);
+    let src = f32_tensor(1, [16, 4, 1, 1], buffer, base);
+    let dst = f32_tensor(2, [16, 4, 1, 1], buffer, base + 1024);
+    let data: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
+
+    set(&mut conn, &src, 0, &data).unwrap();
+    assert_eq!(get(&mut conn, &src, 0, 256).unwrap(), data);
+    assert_eq!(get(&mut conn, &src, 100, 20).unwrap(), &data[100..120]);
+    assert_eq!(
+        get(&mut conn, &dst, 0, 256).unwrap(),
+        vec![0; 256],
+        "untouched memory is zero"
+    );
+
+    // A streamed write in uneven pieces lands exactly like a whole one.
+    let header = Box::new(SetTensorHeader {
+        tensor: dst.clone(),
+        cache_flag: 0,
+        offset: 16,
+    });
+    conn.handle(ServerEvent::TensorWriteBegin {
+        write: TensorWrite::Set(header),
+        data_len: 100,
+    })
+    .unwrap();
+    for piece in data[..100].chunks(33) {
+        conn.handle(ServerEvent::TensorData(Bytes::copy_from_slice(piece)))
+            .unwrap();
+    }
+    conn.handle(ServerEvent::TensorWriteEnd).unwrap();
+    let got = get(&mut conn, &dst, 0, 256).unwrap();
+    assert_eq!(&got[..16], &[0; 16]);
+    assert_eq!(&got[16..116], &data[..100]);
+    assert_eq!(&got[116..], &[0; 140][..]);
+
+    // COPY_TENSOR
+    let copy = Request::CopyTensor {
+        src: Box::new(src.clone()),
+        dst: Box::new(dst.clone()),
+    };
+    assert_eq!(respond(&mut conn, copy), Response::CopyTensor(1));
+    assert_eq!(get(&mut conn, &dst, 0, 256).unwrap(), data);
+
+    // MEMSET_TENSOR
+    done(
+        &mut conn,
+        Request::MemsetTensor {
+            tensor: Box::new(dst.clone()),
+            offset: 8,
+            size: 16,
+            value: 0xaa,
+        },
+    );
+    let got = get(&mut conn, &dst, 0, 256).unwrap();
+    assert_eq!(&got[..8], &data[..8]);
+    assert_eq!(&got[8..24], &[0xaa; 16]);
+    assert_eq!(&got[24..], &data[24..]);
+
+    // INIT_TENSOR: nothing to do on the CPU, but accepted.
+    done(
+        &mut conn,
+        Request::InitTensor {
+            tensor: Box::new(dst.clone()),
+        },
+    );
+
+    // BUFFER_CLEAR
+    done(&mut conn, Request::BufferClear { buffer, value: 3 });
+    assert_eq!(get(&mut conn, &src, 0, 256).unwrap(), vec![3; 256]);
+    assert_eq!(get(&mut conn, &dst, 0, 256).unwrap(), vec![3; 256]);
+
+    // FREE_BUFFER
+    assert_eq!(backend.live_buffers(), 1);
+    done(&mut conn, Request::FreeBuffer { buffer });
+    assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
+    let gone = request(&mut conn, Request::BufferGetBase { buffer }).unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::UnknownBuffer);
+}
+
+#[test]
+fn copies_between_two_buffers_of_one_connection() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V7_0_0);
+    let (a, base_a) = alloc(&mut conn, 1024);
+    let (b, base_b) = alloc(&mut conn, 1024);
+    let src = f32_tensor(1, [8, 8, 1, 1], a, base_a + 256);
+    let dst = f32_tensor(2, [8, 8, 1, 1], b, base_b);
+    let data: Vec<u8> = (0..=255).collect();
+    set(&mut conn, &src, 0, &data).unwrap();
+    for (from, to) in [(&src, &dst), (&dst, &src)] {
+        let copy = Request::CopyTensor {
+            src: Box::new(from.clone()),
+            dst: Box::new(to.clone()),
+        };
+        assert_eq!(respond(&mut conn, copy), Response::CopyTensor(1));
+    }
+    assert_eq!(get(&mut conn, &dst, 0, 256).unwrap(), data);
+    assert_eq!(get(&mut conn, &src, 0, 256).unwrap(), data);
+}
+
+#[test]
+fn out_of_range_regions_are_rejected_and_change_nothing() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+    let (buffer, base) = alloc(&mut conn, 256);
+    let tensor = f32_tensor(1, [16, 2, 1, 1], buffer, base + 128); // the last 128 bytes
+    let kind = |r: Result<Outcome>| r.unwrap_err().kind();
+
+    // Past the tensor (and the buffer).
+    assert_eq!(
+        kind(set(&mut conn, &tensor, 120, &[1; 16])),
+        ErrorKind::OutOfBounds
+    );
+    assert_eq!(
+        get(&mut conn, &tensor, 0, 129).unwrap_err().kind(),
+        ErrorKind::OutOfBounds
+    );
+    assert_eq!(
+        get(&mut conn, &tensor, u64::MAX, 1).unwrap_err().kind(),
+        ErrorKind::SizeOverflow
+    );
+    let memset = Request::MemsetTensor {
+        tensor: Box::new(tensor.clone()),
+        offset: 64,
+        size: 65,
+        value: 9,
+    };
+    assert_eq!(kind(request(&mut conn, memset)), ErrorKind::OutOfBounds);
+    // A tensor that does not fit where it claims to be.
+    let straddling = f32_tensor(2, [16, 2, 1, 1], buffer, base + 200);
+    assert_eq!(
+        kind(set(&mut conn, &straddling, 0, &[1; 4])),
+        ErrorKind::OutOfBounds
+    );
+    let before = f32_tensor(3, [4, 1, 1, 1], buffer, base - 16);
+    assert_eq!(
+        get(&mut conn, &before, 0, 4).unwrap_err().kind(),
+        ErrorKind::OutOfBounds
+    );
+    // COPY_TENSOR whose source is larger than its destination's room.
+    let big = f32_tensor(4, [32, 2, 1, 1], buffer, base);
+    let copy = Request::CopyTensor {
+        src: Box::new(big),
+        dst: Box::new(tensor.clone()),
+    };
+    assert_eq!(kind(request(&mut conn, copy)), ErrorKind::OutOfBounds);
+    // A handle this connection does not own.
+    let foreign = f32_tensor(5, [4, 1, 1, 1], buffer ^ 2, base);
+    assert_eq!(
+        kind(set(&mut conn, &foreign, 0, &[1; 4])),
+        ErrorKind::UnknownBuffer
+    );
+
+    // Nothing was written by any refused request.
+    let whole = f32_tensor(6, [64, 1, 1, 1], buffer, base);
+    assert_eq!(get(&mut conn, &whole, 0, 256).unwrap(), vec![0; 256]);
+}
+
+/// A graph over one 4x4 F32 weight `w` at `base`: `view` (VIEW of w) and `reshape`
+/// (RESHAPE of view), both computed nodes.
+fn view_graph(buffer: u64, base: u64, uid: u64) -> GraphComputeRequest {
+    let weight = f32_tensor(10, [4, 4, 1, 1], buffer, base);
+    let mut view = f32_tensor(11, [4, 2, 1, 1], buffer, base + 32);
+    view.op = Op::VIEW.0;
+    view.flags = flags::COMPUTE;
+    view.src[0] = weight.id;
+    view.view_src = weight.id;
+    view.view_offs = 32;
+    let mut reshape = f32_tensor(12, [8, 1, 1, 1], buffer, base + 32);
+    reshape.op = Op::RESHAPE.0;
+    reshape.flags = flags::COMPUTE;
+    reshape.src[0] = view.id;
+    reshape.view_src = weight.id;
+    reshape.view_offs = 32;
+    GraphComputeRequest {
+        device: 0,
+        uid,
+        node_ids: vec![view.id, reshape.id],
+        tensors: vec![weight, view, reshape],
+    }
+}
+
+#[test]
+fn graphs_of_views_run_and_mul_mat_is_refused() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+    let (buffer, base) = alloc(&mut conn, 1024);
+    let weights: Vec<u8> = (0..64).collect();
+    set(
+        &mut conn,
+        &f32_tensor(10, [4, 4, 1, 1], buffer, base),
+        0,
+        &weights,
+    )
+    .unwrap();
+
+    done(
+        &mut conn,
+        Request::GraphCompute(Box::new(view_graph(buffer, base, 7))),
+    );
+    done(&mut conn, Request::GraphRecompute { device: 0, uid: 7 });
+    assert_eq!(
+        get(
+            &mut conn,
+            &f32_tensor(10, [4, 4, 1, 1], buffer, base),
+            0,
+            64
+        )
+        .unwrap(),
+        weights
+    );
+
+    let a = f32_tensor(20, [4, 4, 1, 1], buffer, base);
+    let b = f32_tensor(21, [4, 1, 1, 1], buffer, base + 64);
+    let mut c = f32_tensor(22, [4, 1, 1, 1], buffer, base + 128);
+    c.op = Op::MUL_MAT.0;
+    c.flags = flags::COMPUTE;
+    c.src[0] = a.id;
+    c.src[1] = b.id;
+    let mul_mat = GraphComputeRequest {
+        device: 0,
+        uid: 8,
+        node_ids: vec![c.id],
+        tensors: vec![a, b, c.clone()],
+    };
+    let refused = request(&mut conn, Request::GraphCompute(Box::new(mul_mat))).unwrap_err();
+    assert_eq!(
+        refused,
+        Error::OpRefused {
+            op: 29,
+            reason: "not implemented by the CPU backend yet"
+        }
+    );
+    // Refused before anything ran: the output is untouched, and the graph was not stored.
+    assert_eq!(get(&mut conn, &c, 0, 16).unwrap(), vec![0; 16]);
+    let missing = request(&mut conn, Request::GraphRecompute { device: 0, uid: 8 }).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::GraphNotFound);
+}
+
+#[test]
+fn closing_a_connection_returns_its_memory() {
+    let backend = cpu();
+    let baseline = (backend.live_buffers(), backend.used_bytes());
+    {
+        let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+        for size in [0, 1, 4096, 1 << 20] {
+            alloc(&mut conn, size);
+        }
+        assert_eq!(backend.live_buffers(), 4);
+        assert_eq!(backend.used_bytes(), 1 + 4096 + (1 << 20));
+        // dropped without FREE_BUFFER, as when a client disconnects
+    }
+    assert_eq!((backend.live_buffers(), backend.used_bytes()), baseline);
+}
+
+#[test]
+fn concurrent_connections_with_distinct_buffers() {
+    let backend = cpu();
+    let workers: Vec<_> = (0..4u8)
+        .map(|n| {
+            let backend = backend.clone();
+            std::thread::spawn(move || {
+                let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+                for round in 0..25u8 {
+                    let (buffer, base) = alloc(&mut conn, 8192);
+                    let src = f32_tensor(1, [256, 4, 1, 1], buffer, base);
+                    let dst = f32_tensor(2, [256, 4, 1, 1], buffer, base + 4096);
+                    let data: Vec<u8> = (0..4096u32).map(|i| (i as u8) ^ n ^ round).collect();
+                    set(&mut conn, &src, 0, &data).unwrap();
+                    let copy = Request::CopyTensor {
+                        src: Box::new(src),
+                        dst: Box::new(dst.clone()),
+                    };
+                    assert_eq!(respond(&mut conn, copy), Response::CopyTensor(1));
+                    assert_eq!(get(&mut conn, &dst, 0, 4096).unwrap(), data);
+                    done(&mut conn, Request::FreeBuffer { buffer });
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
+    // The backend is still usable through the trait object the shells hold.
+    let shared: Arc<dyn Backend> = backend;
+    assert_eq!(shared.device_count(), 1);
+}

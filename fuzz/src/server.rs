@@ -1,0 +1,269 @@
+//! `server_session`: arbitrary bytes, arbitrarily split, through a [`ServerSession`] and a
+//! [`Dispatcher`] over a small [`MemoryBackend`].
+//!
+//! Input layout: `flags: u8`, then [`Splits`], then the byte stream the client "sent".
+//!
+//! | flags bit | meaning |
+//! | --- | --- |
+//! | 0 | dialect: 1 = protocol 8, 0 = protocol 7 |
+//! | 1 | the dispatcher has a tensor cache (HELLO flag, SET_TENSOR_HASH hits) |
+//! | 2-3 | session `max_chunk`: 16 MiB, 1, 13 or 4096 bytes |
+//! | 4 | a 1 MiB per-connection memory quota |
+//! | 5 | COMM_INIT link set-up succeeds (else it fails) |
+//! | 6 | report EOF after the last piece |
+//! | 7 | tiny graph limits (2 nodes, 4 tensors) |
+
+use std::sync::Arc;
+
+use arbitrary::Unstructured;
+use bytes::Bytes;
+use proto_core::backend::MemoryBackend;
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::graph::GraphLimits;
+use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::tensor_cache::MemoryTensorCache;
+use proto_core::wire::{Dialect, ProtocolVersion, RESPONSE_HEADER_SIZE};
+
+use crate::{byte, Splits};
+
+/// Bytes per device of the fuzzed backend (two devices).
+pub const DEVICE_CAPACITY: u64 = 32 << 20;
+/// The session's buffered-message limit.
+pub const MAX_MESSAGE_SIZE: u64 = 4 << 20;
+
+/// Flag bits (see the module documentation).
+pub mod flag {
+    /// Protocol 8.
+    pub const V8: u8 = 1;
+    /// Tensor cache.
+    pub const CACHE: u8 = 2;
+    /// `max_chunk` selector shift (2 bits).
+    pub const CHUNK_SHIFT: u8 = 2;
+    /// Memory quota.
+    pub const QUOTA: u8 = 16;
+    /// COMM_INIT succeeds.
+    pub const COMM_OK: u8 = 32;
+    /// EOF at the end.
+    pub const EOF: u8 = 64;
+    /// Tiny graph limits.
+    pub const SMALL_GRAPHS: u8 = 128;
+}
+
+/// A decoded `server_session` input.
+#[derive(Debug, Clone)]
+pub struct ServerInput<'a> {
+    /// Flag bits.
+    pub flags: u8,
+    /// How the stream is cut.
+    pub splits: Splits,
+    /// What the client sent.
+    pub stream: &'a [u8],
+}
+
+impl<'a> ServerInput<'a> {
+    /// Reads the layout.
+    pub fn parse(data: &'a [u8]) -> ServerInput<'a> {
+        let mut u = Unstructured::new(data);
+        let flags = byte(&mut u);
+        let splits = Splits::read(&mut u);
+        ServerInput { flags, splits, stream: u.take_rest() }
+    }
+
+    /// Writes the layout.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.flags];
+        self.splits.encode(&mut out);
+        out.extend_from_slice(self.stream);
+        out
+    }
+}
+
+/// What a run did (for the seed generator's sanity checks).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Events the session produced.
+    pub events: usize,
+    /// Responses sent.
+    pub responses: usize,
+    /// The error that ended the run, if any.
+    pub error: Option<String>,
+}
+
+/// Checks the streamed-write event grammar: Begin, Data*, End, with chunk bounds.
+#[derive(Debug, Default)]
+struct StreamCheck {
+    remaining: Option<u64>,
+}
+
+impl StreamCheck {
+    fn observe(&mut self, event: &ServerEvent, max_chunk: usize) {
+        match event {
+            ServerEvent::Request(request) => {
+                assert!(self.remaining.is_none(), "request {request:?} inside a streamed write");
+                assert!(
+                    request.bulk_data().is_none(),
+                    "SET_TENSOR / SET_TENSOR_2D must stream, not arrive whole"
+                );
+            }
+            ServerEvent::TensorWriteBegin { data_len, .. } => {
+                assert!(self.remaining.is_none(), "nested streamed write");
+                self.remaining = Some(*data_len);
+            }
+            ServerEvent::TensorData(chunk) => {
+                let remaining = self.remaining.as_mut().expect("data outside a streamed write");
+                assert!(!chunk.is_empty(), "empty data chunk");
+                assert!(chunk.len() <= max_chunk, "chunk of {} > max_chunk {max_chunk}", chunk.len());
+                assert!(chunk.len() as u64 <= *remaining, "more data than announced");
+                *remaining -= chunk.len() as u64;
+            }
+            ServerEvent::TensorWriteEnd => {
+                let remaining = self.remaining.take().expect("end outside a streamed write");
+                assert_eq!(remaining, 0, "write ended with data missing");
+            }
+        }
+    }
+}
+
+/// The server side of the harness: session, dispatcher and backend built from the flag bits,
+/// with every invariant checked as bytes go through. The seed generator drives it too.
+pub struct Harness {
+    flags: u8,
+    max_chunk: usize,
+    backend: Arc<MemoryBackend>,
+    dispatcher: Dispatcher<MemoryBackend>,
+    session: ServerSession,
+    check: StreamCheck,
+    expected_out: u64,
+    transmitted: u64,
+    stats: ServerStats,
+}
+
+impl Harness {
+    /// A fresh connection configured by `flags`.
+    pub fn new(flags: u8) -> Harness {
+        let dialect = if flags & flag::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
+        let version = match dialect {
+            Dialect::V7 => ProtocolVersion::V7_0_0,
+            Dialect::V8 => ProtocolVersion::V8_0_0,
+        };
+        let max_chunk =
+            [MAX_DATA_CHUNK, 1, 13, 4096][usize::from((flags >> flag::CHUNK_SHIFT) & 3)];
+        let backend = Arc::new(MemoryBackend::new(2, DEVICE_CAPACITY));
+        let mut config = DispatcherConfig::new(version);
+        if flags & flag::CACHE != 0 {
+            config.tensor_cache = Some(Arc::new(MemoryTensorCache::default()));
+        }
+        if flags & flag::QUOTA != 0 {
+            config.memory_quota = Some(1 << 20);
+        }
+        if flags & flag::SMALL_GRAPHS != 0 {
+            config.graph_limits = GraphLimits { max_nodes: 2, max_tensors: 4 };
+        }
+        let dispatcher = Dispatcher::new(backend.clone(), config).expect("supported version");
+        let session = ServerSession::new(ServerSessionConfig {
+            dialect,
+            max_message_size: MAX_MESSAGE_SIZE,
+            max_chunk,
+        });
+        Harness {
+            flags,
+            max_chunk,
+            backend,
+            dispatcher,
+            session,
+            check: StreamCheck::default(),
+            expected_out: 0,
+            transmitted: 0,
+            stats: ServerStats::default(),
+        }
+    }
+
+    /// Whether the connection failed (the server would close it).
+    pub fn failed(&self) -> bool {
+        self.stats.error.is_some()
+    }
+
+    /// Feeds received bytes, runs every event they complete, and returns what the server wrote.
+    pub fn feed(&mut self, piece: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.failed() {
+            return out;
+        }
+        self.session.handle_input(Bytes::copy_from_slice(piece));
+        loop {
+            let event = match self.session.poll_event() {
+                Ok(Some(event)) => event,
+                Ok(None) => break,
+                Err(error) => {
+                    // Errors are final.
+                    assert_eq!(self.session.poll_event(), Err(error.clone()), "error not sticky");
+                    self.stats.error = Some(error.to_string());
+                    break;
+                }
+            };
+            self.stats.events += 1;
+            self.check.observe(&event, self.max_chunk);
+            let response = match self.dispatcher.handle(event) {
+                Ok(Outcome::Respond(response)) => Some(response),
+                Ok(Outcome::CommInit(request)) => {
+                    let ok = self.flags & flag::COMM_OK != 0;
+                    Some(self.dispatcher.finish_comm_init(request.device, ok))
+                }
+                Ok(Outcome::Done | Outcome::CommAllreduce { .. } | Outcome::CommFree { .. }) => {
+                    None
+                }
+                Err(error) => {
+                    self.stats.error = Some(error.to_string());
+                    break;
+                }
+            };
+            if let Some(response) = response {
+                self.expected_out += RESPONSE_HEADER_SIZE as u64 + response.payload_len();
+                if let Err(error) = self.session.send_response(&response) {
+                    panic!("the dispatcher's response {response:?} does not fit the session: {error}");
+                }
+                self.stats.responses += 1;
+            }
+            // The dispatcher answered whatever the session owed, or the session would stall.
+            assert_eq!(
+                self.session.awaiting_response(),
+                None,
+                "a response is owed but none was produced"
+            );
+        }
+        while let Some(bytes) = self.session.poll_transmit() {
+            self.transmitted += bytes.len() as u64;
+            out.extend_from_slice(&bytes);
+        }
+        out
+    }
+
+    /// Ends the connection and checks that it released everything.
+    pub fn finish(mut self) -> ServerStats {
+        assert_eq!(self.transmitted, self.expected_out, "transmitted bytes differ from the responses");
+        if self.flags & flag::EOF != 0 && !self.failed() {
+            if let Err(error) = self.session.handle_eof() {
+                self.stats.error = Some(error.to_string());
+            }
+        }
+        let backend = self.backend.clone();
+        drop(self.session);
+        drop(self.dispatcher);
+        assert_eq!(backend.live_buffers(), 0, "buffers leaked after the connection closed");
+        assert_eq!(backend.used_bytes(), 0);
+        self.stats
+    }
+}
+
+/// Runs one input. Panics on a broken invariant.
+pub fn run(data: &[u8]) -> ServerStats {
+    let input = ServerInput::parse(data);
+    let mut harness = Harness::new(input.flags);
+    for piece in input.splits.pieces(input.stream) {
+        harness.feed(piece);
+        if harness.failed() {
+            break;
+        }
+    }
+    harness.finish()
+}

@@ -1,0 +1,152 @@
+//! The command line: the reference `rpc-server`'s flags plus this server's limits.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use shell_tokio::server::{DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
+
+use crate::shells;
+
+/// A ggml RPC server (wire compatible with llama.cpp's `rpc-server`, protocol 7 or 8).
+#[derive(Debug, Parser)]
+#[command(name = "ggml-rpc-server", version)]
+pub struct Args {
+    /// IPv4 address to bind (dotted quad). Anything but 127.0.0.1 exposes the server to the
+    /// network, which has no authentication.
+    #[arg(short = 'H', long, default_value = "127.0.0.1", value_parser = parse_host)]
+    pub host: Ipv4Addr,
+
+    /// TCP port to listen on (1-65535).
+    #[arg(short, long, default_value_t = 50052, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+
+    /// Devices to expose, separated by ',' or '/', matched case-insensitively (only "CPU"
+    /// exists in this build). The order is the device index on the wire.
+    #[arg(short, long, value_name = "LIST")]
+    pub device: Option<String>,
+
+    /// Compute threads of the CPU backend [default: half the hardware threads, at least 1].
+    #[arg(short, long, value_parser = parse_threads)]
+    pub threads: Option<usize>,
+
+    /// Enable the local tensor cache in the reference's directory ($LLAMA_CACHE/rpc, else
+    /// $XDG_CACHE_HOME/llama.cpp/rpc, else $HOME/.cache/llama.cpp/rpc).
+    #[arg(short, long)]
+    pub cache: bool,
+
+    /// Enable the local tensor cache in this directory instead (implies --cache).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Protocol major version to speak: 7 (llama.cpp b11434) or 8 (newer).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(7..=8))]
+    pub protocol: u8,
+
+    /// Most clients served at once; further connections are closed immediately.
+    #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
+    pub max_clients: usize,
+
+    /// Most bytes of buffers one client may hold (default: unlimited).
+    #[arg(long, value_name = "BYTES")]
+    pub memory_quota: Option<u64>,
+
+    /// Largest buffered request in bytes (GRAPH_COMPUTE and fixed-size commands; tensor data
+    /// is streamed and not limited by this).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
+    pub max_message_size: u64,
+
+    /// The I/O shell (runtime) that serves the connections.
+    #[arg(long, default_value = "tokio", value_parser = clap::builder::PossibleValuesParser::new(shells::names()))]
+    pub shell: String,
+
+    /// More log output (-v debug, -vv trace). RUST_LOG overrides it.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// The reference accepts only a dotted-quad IPv4 literal (no names), and rejects
+/// 255.255.255.255, which its parser cannot tell from an error.
+fn parse_host(text: &str) -> Result<Ipv4Addr, String> {
+    match text.parse::<Ipv4Addr>() {
+        Ok(addr) if addr != Ipv4Addr::BROADCAST => Ok(addr),
+        _ => Err(format!("Invalid host address: {text}")),
+    }
+}
+
+fn parse_threads(text: &str) -> Result<usize, String> {
+    match text.parse::<i64>() {
+        Ok(n) if n > 0 => usize::try_from(n).map_err(|e| e.to_string()),
+        Ok(_) => Err("the thread count must be at least 1".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_max_clients(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("at least one client must be allowed".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_reference_ones() {
+        let args = Args::try_parse_from(["ggml-rpc-server"]).unwrap();
+        assert_eq!(args.host, Ipv4Addr::LOCALHOST);
+        assert_eq!(args.port, 50052);
+        assert_eq!(args.protocol, 8);
+        assert_eq!(args.shell, "tokio");
+        assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
+    }
+
+    #[test]
+    fn flags_parse_and_bad_values_are_refused() {
+        let args = Args::try_parse_from([
+            "ggml-rpc-server",
+            "-H",
+            "0.0.0.0",
+            "-p",
+            "1234",
+            "-d",
+            "cpu",
+            "-t",
+            "3",
+            "-c",
+            "--protocol",
+            "7",
+            "--max-clients",
+            "2",
+            "--memory-quota",
+            "1048576",
+            "-vv",
+        ])
+        .unwrap();
+        assert_eq!(args.host, Ipv4Addr::UNSPECIFIED);
+        assert_eq!((args.port, args.threads, args.protocol), (1234, Some(3), 7));
+        assert_eq!(args.device.as_deref(), Some("cpu"));
+        assert!(args.cache);
+        assert_eq!(
+            (args.max_clients, args.memory_quota, args.verbose),
+            (2, Some(1 << 20), 2)
+        );
+        for bad in [
+            &["-H", "localhost"][..],
+            &["-H", "255.255.255.255"],
+            &["-p", "0"],
+            &["-p", "65536"],
+            &["-t", "0"],
+            &["-t", "-2"],
+            &["--protocol", "9"],
+            &["--shell", "nope"],
+            &["--max-clients", "0"],
+        ] {
+            let argv = std::iter::once("ggml-rpc-server").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+}

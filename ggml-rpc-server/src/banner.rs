@@ -1,0 +1,88 @@
+//! The start-up banner and the exposure warning, as the reference prints them (§11.2).
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use proto_core::wire::ProtocolVersion;
+
+use crate::devices::DeviceInfo;
+
+/// The banner printed to stdout once the server listens.
+pub fn banner(
+    version: ProtocolVersion,
+    endpoint: SocketAddr,
+    cache: Option<&Path>,
+    devices: &[DeviceInfo],
+) -> String {
+    let mut out = String::new();
+    let cache = cache.map_or_else(|| "n/a".to_owned(), |dir| dir.display().to_string());
+    let _ = writeln!(out, "Starting RPC server v{version}");
+    let _ = writeln!(out, "  endpoint       : {endpoint}");
+    let _ = writeln!(out, "  local cache    : {cache}");
+    let _ = writeln!(out, "Devices:");
+    for device in devices {
+        let _ = writeln!(
+            out,
+            "  {}: {} ({} MiB, {} MiB free)",
+            device.name,
+            device.description,
+            device.memory.total / (1024 * 1024),
+            device.memory.free / (1024 * 1024)
+        );
+    }
+    let _ = writeln!(out, "  transport      : TCP");
+    out
+}
+
+/// The warning block printed to stderr when the server binds to anything but 127.0.0.1.
+pub fn exposure_warning(host: &str) -> Option<String> {
+    if host == "127.0.0.1" {
+        return None;
+    }
+    let bar = "!".repeat(73);
+    Some(format!(
+        "\n{bar}\n\
+         WARNING: Host ('{host}') is != '127.0.0.1'\n\
+         \x20        Never expose the RPC server to an open network!\n\
+         \x20        This is an experimental feature and is not secure!\n\
+         {bar}\n\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto_core::backend::DeviceMemory;
+
+    #[test]
+    fn banner_lists_endpoint_cache_and_devices() {
+        let devices = [DeviceInfo {
+            name: "CPU".into(),
+            description: "Some CPU".into(),
+            memory: DeviceMemory {
+                free: 3 << 20,
+                total: 8 << 20,
+            },
+        }];
+        let text = banner(
+            ProtocolVersion::V8_0_0,
+            "127.0.0.1:50052".parse().unwrap(),
+            None,
+            &devices,
+        );
+        assert_eq!(
+            text,
+            "Starting RPC server v8.0.0\n  endpoint       : 127.0.0.1:50052\n  local cache    : n/a\n\
+             Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n"
+        );
+    }
+
+    #[test]
+    fn warning_only_off_loopback() {
+        assert_eq!(exposure_warning("127.0.0.1"), None);
+        let warning = exposure_warning("0.0.0.0").unwrap();
+        assert!(warning.contains("WARNING: Host ('0.0.0.0') is != '127.0.0.1'"));
+        assert!(warning.contains("         Never expose the RPC server to an open network!"));
+    }
+}

@@ -1,0 +1,164 @@
+//! The `ggml-rpc-server` process: flags, banner, serving, and shutdown on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto_core::tensor_cache::fnv1a64;
+use proto_core::wire::{ProtocolVersion, RpcTensor};
+use shell_tokio::Client;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_ggml-rpc-server");
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts the server and returns it with the banner (stdout up to the transport line).
+fn start(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(SERVER)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut banner = String::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            banner.push_str(&line);
+            banner.push('\n');
+            if line.contains("transport") {
+                let _ = tx.send(banner.clone());
+            }
+        }
+    });
+    let banner = rx.recv_timeout(DEADLINE).expect("banner printed");
+    (child, banner)
+}
+
+/// SIGTERM, then the exit status.
+fn terminate(mut child: Child) -> (bool, String) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (tx, rx) = mpsc::channel();
+    let mut stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    let stderr = rx
+        .recv_timeout(DEADLINE)
+        .expect("the server exits on SIGTERM");
+    (child.wait().unwrap().success(), stderr)
+}
+
+#[test]
+fn serves_clients_and_stops_on_sigterm() {
+    let cache = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let port_text = port.to_string();
+    let cache_dir = cache.path().join("rpc");
+    let (child, banner) = start(&[
+        "-p",
+        &port_text,
+        "-t",
+        "1",
+        "--cache-dir",
+        cache_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        banner.starts_with("Starting RPC server v8.0.0\n"),
+        "{banner}"
+    );
+    assert!(banner.contains(&format!("  endpoint       : 127.0.0.1:{port}\n")));
+    assert!(banner.contains(&format!("  local cache    : {}\n", cache_dir.display())));
+    assert!(banner.contains("Devices:\n  CPU: "));
+    assert!(banner.contains(" MiB free)\n  transport      : TCP\n"));
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = Client::connect_auto(("127.0.0.1", port)).await.unwrap();
+        assert_eq!(client.server_version(), ProtocolVersion::V8_0_0);
+        assert!(client.server_has_tensor_cache());
+        assert_eq!(client.device_count().await.unwrap(), 1);
+        assert_eq!(client.alignment(0).await.unwrap(), 32);
+        let buffer = client.alloc_buffer(0, 4096).await.unwrap().unwrap();
+        let base = client.buffer_base(buffer.handle).await.unwrap();
+        let mut tensor = RpcTensor::contiguous(1, 24, [4096, 1, 1, 1]).unwrap();
+        tensor.buffer = buffer.handle;
+        tensor.data = base;
+        let data = Bytes::from((0..4096).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        client
+            .set_tensor_with_cache_flag(&tensor, 0, data.clone(), true)
+            .await
+            .unwrap();
+        assert_eq!(client.get_tensor(&tensor, 0, 4096).await.unwrap(), data);
+        let entry = cache_dir.join(format!("{:016x}", fnv1a64(&data)));
+        assert_eq!(std::fs::read(entry).unwrap(), data);
+    });
+    let (success, stderr) = terminate(child);
+    assert!(success, "{stderr}");
+    assert!(stderr.contains("Accepted client connection"), "{stderr}");
+    assert!(stderr.contains("Client connection closed"), "{stderr}");
+    assert!(!stderr.contains("WARNING"), "{stderr}");
+}
+
+#[test]
+fn protocol_7_and_the_exposure_warning() {
+    let port = free_port().to_string();
+    let (child, banner) = start(&["-H", "0.0.0.0", "-p", &port, "--protocol", "7"]);
+    assert!(
+        banner.starts_with("Starting RPC server v7.0.0\n"),
+        "{banner}"
+    );
+    assert!(banner.contains("  local cache    : n/a\n"));
+    let (success, stderr) = terminate(child);
+    assert!(success);
+    assert!(
+        stderr.contains("WARNING: Host ('0.0.0.0') is != '127.0.0.1'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Never expose the RPC server to an open network!"));
+}
+
+#[test]
+fn an_unknown_device_lists_the_devices_and_exits_1() {
+    let output = Command::new(SERVER).args(["-d", "CUDA0"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown device: CUDA0"), "{stderr}");
+    assert!(stderr.contains("  CPU"), "{stderr}");
+    assert!(stderr.contains("No devices found"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    for args in [
+        &["-H", "localhost"][..],
+        &["-p", "0"],
+        &["-t", "0"],
+        &["--shell", "nope"],
+    ] {
+        let output = Command::new(SERVER).args(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?}");
+    }
+}

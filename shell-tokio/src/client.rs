@@ -1,0 +1,555 @@
+//! [`Client`]: a typed async client for any ggml RPC server (ours or llama.cpp's).
+//!
+//! The client drives a [`ClientSession`] over one TCP connection and waits for each response
+//! before returning, as the reference client does. Commands without a response
+//! (SET_TENSOR, FREE_BUFFER, GRAPH_COMPUTE, ...) return once written; a server-side failure of
+//! such a command shows up as [`ClientError::Closed`] on a later call, because the protocol has
+//! no error replies.
+//!
+//! Bulk data is never copied: [`Client::set_tensor`] writes the frame header and then the
+//! caller's [`Bytes`] as two separate writes (as the newest reference client does), and
+//! [`Client::get_tensor`] reads the payload into one buffer of exactly its size and returns it.
+
+use std::net::SocketAddr;
+
+use bytes::{Bytes, BytesMut};
+use proto_core::backend::DeviceMemory;
+use proto_core::session::{ClientEvent, ClientSession, GraphSubmission, ServerHello};
+use proto_core::wire::{
+    AllocSizeRequest, CommInitRequest, Command, Dialect, GraphComputeRequest, ProtocolVersion,
+    Request, Response, RpcTensor, SetTensorHeader, Tensor2dHeader, MAX_SRC, RESPONSE_HEADER_SIZE,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+use crate::connection::write_all_vectored;
+use crate::error::ClientError;
+
+/// Responses up to this size are read in one go; larger ones are read header first, then the
+/// payload into a buffer of exactly its size.
+const SMALL_RESPONSE: u64 = 64 * 1024;
+
+/// The versions [`Client::connect_auto`] tries, newest first.
+const AUTO_VERSIONS: [ProtocolVersion; 2] = [ProtocolVersion::V8_0_0, ProtocolVersion::V7_0_0];
+
+/// A buffer the server allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuffer {
+    /// The server's handle (opaque).
+    pub handle: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A connection to an RPC server, after a successful HELLO.
+///
+/// Methods take `&mut self`: one request at a time, in order, as the protocol requires.
+/// Every failure is returned as a [`ClientError`]; none panics. After an error the
+/// connection should be dropped.
+#[derive(Debug)]
+pub struct Client {
+    stream: TcpStream,
+    session: ClientSession,
+    hello: ServerHello,
+    peer: SocketAddr,
+}
+
+impl Client {
+    /// Connects and performs HELLO speaking `version` (7.x or 8.x). Fails with a protocol
+    /// error ([`ClientError::version_mismatch`]) if the server's version is incompatible
+    /// (another major, or a higher minor), as the reference client does.
+    pub async fn connect(
+        addr: impl ToSocketAddrs,
+        version: ProtocolVersion,
+    ) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        Client::handshake(stream, version).await
+    }
+
+    /// Connects speaking the newest version we know (8.0.0); if the server answers with
+    /// another major that we also speak (7), reconnects speaking that one.
+    pub async fn connect_auto(addr: impl ToSocketAddrs) -> Result<Client, ClientError> {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
+        let newest = AUTO_VERSIONS[0];
+        match Client::connect(&addrs[..], newest).await {
+            Err(error) => {
+                let Some(server) = error.version_mismatch() else {
+                    return Err(error);
+                };
+                let Some(retry) = AUTO_VERSIONS
+                    .into_iter()
+                    .find(|v| v.major == server.major && *v != newest)
+                else {
+                    return Err(error);
+                };
+                tracing::debug!(%server, %retry, "server speaks another major: reconnecting");
+                Client::connect(&addrs[..], retry).await
+            }
+            connected => connected,
+        }
+    }
+
+    /// Performs HELLO on an already connected socket (sets `TCP_NODELAY`, as the reference).
+    pub async fn handshake(
+        stream: TcpStream,
+        version: ProtocolVersion,
+    ) -> Result<Client, ClientError> {
+        stream.set_nodelay(true)?;
+        let peer = stream.peer_addr()?;
+        let session = ClientSession::new(version, [0; 24])?;
+        let mut stream = stream;
+        let mut session = session;
+        flush(&mut stream, &mut session).await?;
+        let event = receive(&mut stream, &mut session, Command::Hello, 28).await?;
+        let ClientEvent::Connected(hello) = event else {
+            return Err(proto_core::Error::UnexpectedResponse.into());
+        };
+        Ok(Client {
+            stream,
+            session,
+            hello,
+            peer,
+        })
+    }
+
+    /// The server's HELLO answer.
+    pub fn hello(&self) -> &ServerHello {
+        &self.hello
+    }
+
+    /// The server's protocol version.
+    pub fn server_version(&self) -> ProtocolVersion {
+        self.hello.version
+    }
+
+    /// HELLO byte 3: flags in the newest upstream (bit 0: tensor cache), 0 before.
+    pub fn server_flags(&self) -> u8 {
+        self.hello.flags
+    }
+
+    /// Whether the server announced a tensor cache (flag bit 0).
+    pub fn server_has_tensor_cache(&self) -> bool {
+        self.hello.has_tensor_cache()
+    }
+
+    /// The dialect (command table) spoken on this connection.
+    pub fn dialect(&self) -> Dialect {
+        self.session.dialect()
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// DEVICE_COUNT.
+    pub async fn device_count(&mut self) -> Result<u32, ClientError> {
+        match self.call(Request::DeviceCount).await? {
+            Response::DeviceCount(n) => Ok(n),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// GET_DEVICE_MEMORY.
+    pub async fn device_memory(&mut self, device: u32) -> Result<DeviceMemory, ClientError> {
+        match self.call(Request::GetDeviceMemory { device }).await? {
+            Response::DeviceMemory { free, total } => Ok(DeviceMemory { free, total }),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// GET_ALIGNMENT.
+    pub async fn alignment(&mut self, device: u32) -> Result<u64, ClientError> {
+        match self.call(Request::GetAlignment { device }).await? {
+            Response::Alignment(n) => Ok(n),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// GET_MAX_SIZE.
+    pub async fn max_size(&mut self, device: u32) -> Result<u64, ClientError> {
+        match self.call(Request::GetMaxSize { device }).await? {
+            Response::MaxSize(n) => Ok(n),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// ALLOC_BUFFER. `Ok(None)` when the server could not allocate (a soft failure).
+    pub async fn alloc_buffer(
+        &mut self,
+        device: u32,
+        size: u64,
+    ) -> Result<Option<RemoteBuffer>, ClientError> {
+        match self.call(Request::AllocBuffer { device, size }).await? {
+            Response::AllocBuffer { remote_ptr: 0, .. } => Ok(None),
+            Response::AllocBuffer {
+                remote_ptr,
+                remote_size,
+            } => Ok(Some(RemoteBuffer {
+                handle: remote_ptr,
+                size: remote_size,
+            })),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// BUFFER_GET_BASE: the address tensors of this buffer start from (`data = base + offset`).
+    pub async fn buffer_base(&mut self, buffer: u64) -> Result<u64, ClientError> {
+        match self.call(Request::BufferGetBase { buffer }).await? {
+            Response::BufferBase(base) => Ok(base),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// FREE_BUFFER (no response).
+    pub async fn free_buffer(&mut self, buffer: u64) -> Result<(), ClientError> {
+        self.cast(Request::FreeBuffer { buffer }).await
+    }
+
+    /// BUFFER_CLEAR (no response).
+    pub async fn buffer_clear(&mut self, buffer: u64, value: u8) -> Result<(), ClientError> {
+        self.cast(Request::BufferClear { buffer, value }).await
+    }
+
+    /// SET_TENSOR without the cache flag (no response). `data` is written as it is, after the
+    /// header, without being copied.
+    pub async fn set_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        self.set_tensor_with_cache_flag(tensor, offset, data, false)
+            .await
+    }
+
+    /// SET_TENSOR; with `cache` the server also stores the data in its tensor cache.
+    pub async fn set_tensor_with_cache_flag(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        data: Bytes,
+        cache: bool,
+    ) -> Result<(), ClientError> {
+        let header = SetTensorHeader {
+            tensor: tensor.clone(),
+            cache_flag: u8::from(cache),
+            offset,
+        };
+        self.cast(Request::SetTensor {
+            header: Box::new(header),
+            data,
+        })
+        .await
+    }
+
+    /// SET_TENSOR_HASH: `true` if the server had data with this FNV-1a-64 hash in its cache
+    /// and wrote it into the tensor.
+    pub async fn set_tensor_hash(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        hash: u64,
+    ) -> Result<bool, ClientError> {
+        let request = Request::SetTensorHash {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            hash,
+        };
+        match self.call(request).await? {
+            Response::SetTensorHash(hit) => Ok(hit != 0),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// GET_TENSOR: `size` bytes at `offset` inside the tensor.
+    pub async fn get_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+    ) -> Result<Bytes, ClientError> {
+        let request = Request::GetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            size,
+        };
+        match self.call(request).await? {
+            Response::TensorData(data) => Ok(data),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// SET_TENSOR_2D (protocol 8): `n_copies` rows of `size` bytes, packed back to back in
+    /// `data`, written `stride` bytes apart from `offset` on.
+    pub async fn set_tensor_2d(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        n_copies: u64,
+        stride: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        let header = Tensor2dHeader {
+            tensor: tensor.clone(),
+            offset,
+            size,
+            n_copies,
+            stride,
+        };
+        self.cast(Request::SetTensor2d {
+            header: Box::new(header),
+            data,
+        })
+        .await
+    }
+
+    /// GET_TENSOR_2D (protocol 8): the rows packed back to back.
+    pub async fn get_tensor_2d(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        n_copies: u64,
+        stride: u64,
+    ) -> Result<Bytes, ClientError> {
+        let header = Tensor2dHeader {
+            tensor: tensor.clone(),
+            offset,
+            size,
+            n_copies,
+            stride,
+        };
+        match self.call(Request::GetTensor2d(Box::new(header))).await? {
+            Response::Tensor2dData(data) => Ok(data),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// COPY_TENSOR: `false` when the server cannot copy between these buffers directly.
+    pub async fn copy_tensor(
+        &mut self,
+        src: &RpcTensor,
+        dst: &RpcTensor,
+    ) -> Result<bool, ClientError> {
+        let request = Request::CopyTensor {
+            src: Box::new(src.clone()),
+            dst: Box::new(dst.clone()),
+        };
+        match self.call(request).await? {
+            Response::CopyTensor(ok) => Ok(ok != 0),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// MEMSET_TENSOR (no response).
+    pub async fn memset_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        value: u8,
+    ) -> Result<(), ClientError> {
+        self.cast(Request::MemsetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            size,
+            value,
+        })
+        .await
+    }
+
+    /// INIT_TENSOR (no response).
+    pub async fn init_tensor(&mut self, tensor: &RpcTensor) -> Result<(), ClientError> {
+        self.cast(Request::InitTensor {
+            tensor: Box::new(tensor.clone()),
+        })
+        .await
+    }
+
+    /// GET_ALLOC_SIZE: bytes the device needs for `tensor` (its sources may matter to some
+    /// backends; absent ones are default records).
+    pub async fn alloc_size(
+        &mut self,
+        device: u32,
+        tensor: &RpcTensor,
+        srcs: &[RpcTensor],
+    ) -> Result<u64, ClientError> {
+        let mut all: [RpcTensor; MAX_SRC] = Default::default();
+        for (slot, src) in all.iter_mut().zip(srcs) {
+            *slot = src.clone();
+        }
+        let request = Request::GetAllocSize(Box::new(AllocSizeRequest {
+            device,
+            tensor: tensor.clone(),
+            srcs: all,
+        }));
+        match self.call(request).await? {
+            Response::AllocSize(n) => Ok(n),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// Submits a graph (no response): GRAPH_RECOMPUTE when the server still holds a graph with
+    /// this uid (as the reference client decides, mirroring the server's graph cache),
+    /// GRAPH_COMPUTE with the whole graph otherwise. Returns which one was sent.
+    pub async fn graph_compute(
+        &mut self,
+        graph: &GraphComputeRequest,
+    ) -> Result<GraphSubmission, ClientError> {
+        let submission = self.session.graph_submission(graph.device, graph.uid);
+        let request = match submission {
+            GraphSubmission::Compute => Request::GraphCompute(Box::new(graph.clone())),
+            GraphSubmission::Recompute => Request::GraphRecompute {
+                device: graph.device,
+                uid: graph.uid,
+            },
+        };
+        self.cast(request).await?;
+        Ok(submission)
+    }
+
+    /// COMM_INIT (protocol 8): `true` when the server's communicator is ready. The call waits
+    /// for the server, which may itself wait for its peers.
+    pub async fn comm_init(&mut self, request: &CommInitRequest) -> Result<bool, ClientError> {
+        match self
+            .call(Request::CommInit(Box::new(request.clone())))
+            .await?
+        {
+            Response::CommInit(ok) => Ok(ok != 0),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// COMM_ALLREDUCE (protocol 8, no response).
+    pub async fn comm_allreduce(
+        &mut self,
+        device: u32,
+        tensor: &RpcTensor,
+    ) -> Result<(), ClientError> {
+        self.cast(Request::CommAllreduce {
+            device,
+            tensor: Box::new(tensor.clone()),
+        })
+        .await
+    }
+
+    /// COMM_FREE (protocol 8, no response).
+    pub async fn comm_free(&mut self, device: u32) -> Result<(), ClientError> {
+        self.cast(Request::CommFree { device }).await
+    }
+
+    /// Sends any request and waits for its response (for commands without a typed method).
+    pub async fn call(&mut self, request: Request) -> Result<Response, ClientError> {
+        let command = request.command();
+        if !command.has_response() {
+            return Err(proto_core::Error::InvalidState("this command has no response").into());
+        }
+        let expected = match &request {
+            Request::GetTensor { size, .. } => *size,
+            Request::GetTensor2d(header) => header.data_len(command)?,
+            _ => command.fixed_response_size().unwrap_or(0),
+        };
+        self.session.send(&request)?;
+        flush(&mut self.stream, &mut self.session).await?;
+        match receive(&mut self.stream, &mut self.session, command, expected).await? {
+            ClientEvent::Response(response) => Ok(response),
+            ClientEvent::Connected(_) => Err(unexpected()),
+        }
+    }
+
+    /// Sends a request that has no response.
+    pub async fn cast(&mut self, request: Request) -> Result<(), ClientError> {
+        if request.command().has_response() {
+            return Err(proto_core::Error::InvalidState("this command has a response").into());
+        }
+        self.session.send(&request)?;
+        flush(&mut self.stream, &mut self.session).await
+    }
+
+    /// Closes the connection (the server then frees everything this client held).
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        self.stream.shutdown().await?;
+        Ok(())
+    }
+}
+
+fn unexpected() -> ClientError {
+    proto_core::Error::UnexpectedResponse.into()
+}
+
+/// Writes what the session queued, one write per transmit: the header of a SET_TENSOR and its
+/// data go out as two separate writes, the data straight from the caller's buffer.
+async fn flush(stream: &mut TcpStream, session: &mut ClientSession) -> Result<(), ClientError> {
+    while let Some(bytes) = session.poll_transmit() {
+        write_all_vectored(stream, vec![bytes]).await?;
+    }
+    Ok(())
+}
+
+/// Reads the response to the one outstanding request (`expected` payload bytes).
+async fn receive(
+    stream: &mut TcpStream,
+    session: &mut ClientSession,
+    command: Command,
+    expected: u64,
+) -> Result<ClientEvent, ClientError> {
+    if expected > SMALL_RESPONSE {
+        // Header first, so a wrong size is reported instead of waited for...
+        let mut head = [0u8; RESPONSE_HEADER_SIZE];
+        read_exact(stream, &mut head).await?;
+        session.handle_input(Bytes::copy_from_slice(&head));
+        if let Some(event) = session.poll_event()? {
+            return Ok(event);
+        }
+        // ...then the payload into one buffer of exactly its size: the session hands it on
+        // as it is (no copy).
+        let len =
+            usize::try_from(expected).map_err(|_| proto_core::Error::ResponseSizeMismatch {
+                command,
+                expected,
+                got: expected,
+            })?;
+        let mut payload = BytesMut::with_capacity(len);
+        while payload.len() < len {
+            let room = len - payload.len();
+            if stream
+                .read_buf(&mut bytes::BufMut::limit(&mut payload, room))
+                .await?
+                == 0
+            {
+                return Err(ClientError::Closed);
+            }
+        }
+        session.handle_input(payload.freeze());
+    } else {
+        let total = RESPONSE_HEADER_SIZE + expected as usize;
+        let mut received = 0;
+        while received < total {
+            let room = total - received;
+            let mut buf = BytesMut::with_capacity(room);
+            if stream
+                .read_buf(&mut bytes::BufMut::limit(&mut buf, room))
+                .await?
+                == 0
+            {
+                return Err(ClientError::Closed);
+            }
+            received += buf.len();
+            session.handle_input(buf.freeze());
+            if let Some(event) = session.poll_event()? {
+                return Ok(event);
+            }
+        }
+    }
+    session.poll_event()?.ok_or(ClientError::Closed)
+}
+
+async fn read_exact(stream: &mut TcpStream, out: &mut [u8]) -> Result<(), ClientError> {
+    match stream.read_exact(out).await {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => Err(ClientError::Closed),
+        Err(error) => Err(error.into()),
+    }
+}

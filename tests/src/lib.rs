@@ -1,0 +1,26 @@
+//! Shared helpers for cross-crate tests of the ggml RPC implementation, and the language-neutral
+//! test vectors in `tests/vectors/` (format: `vectors/README.md`).
+//!
+//! * [`vector`]: the vector file format and its loader ([`load_all`], [`vectors_dir`]).
+//! * [`check`]: checks one vector against proto-core.
+//! * [`fields`]: typed requests/responses → the JSON `fields` of a vector.
+//! * [`template`]: the `{placeholder}` hex templates of session vectors.
+//! * [`harness`]: our server (session + dispatcher over the in-memory backend) and client,
+//!   driven with raw bytes.
+//! * [`rules`]: the validation rules and their error kinds.
+//! * [`generate`]: the program that writes the vectors (`cargo run -p ggml-rpc-tests --bin
+//!   gen-vectors`).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod check;
+pub mod fields;
+pub mod generate;
+pub mod harness;
+pub mod hex;
+pub mod rules;
+pub mod template;
+pub mod vector;
+
+pub use check::check;
+pub use vector::{load_all, vectors_dir, Vector};
