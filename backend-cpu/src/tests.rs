@@ -235,53 +235,79 @@ fn graphs_of_layout_ops_succeed_without_touching_memory() {
 }
 
 #[test]
-fn compute_ops_are_refused_unless_the_node_is_skipped() {
+fn mul_mat_runs_and_unsupported_ops_are_refused_unless_skipped() {
     let backend = backend();
     let buffer = alloc(&backend, 192);
+    // a = [[1..4], [5..8], ...] (4 rows of 4), b = the identity plus 1 everywhere
+    let a_values: Vec<f32> = (1..=16).map(|v| v as f32).collect();
+    let b_values: Vec<f32> = (0..16)
+        .map(|i| if i % 5 == 0 { 2.0 } else { 1.0 })
+        .collect();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    backend.write(at(buffer, 0), &bytes(&a_values)).unwrap();
+    backend.write(at(buffer, 64), &bytes(&b_values)).unwrap();
     let a = tensor(1, Op::NONE, false, Some(at(buffer, 0)));
     let b = tensor(2, Op::NONE, false, Some(at(buffer, 64)));
     let mut product = tensor(3, Op::MUL_MAT, true, Some(at(buffer, 128)));
-    product.src = [
-        Some(0),
-        Some(1),
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    ];
+    product.src[0] = Some(0);
+    product.src[1] = Some(1);
     let mut reshape = tensor(4, Op::RESHAPE, true, Some(at(buffer, 128)));
     reshape.src[0] = Some(2);
     reshape.view_src = Some(2);
 
-    // A view first, then the product: refused as a whole, before anything runs.
+    // dst[i, j] = row i of a . row j of b (ggml's MUL_MAT): row_i . (1, ..., 1) + a[i][j]
     let g = graph(
-        vec![a.clone(), b.clone(), product.clone(), reshape],
+        vec![a.clone(), b.clone(), product.clone(), reshape.clone()],
         vec![2, 3],
+    );
+    backend.graph_compute(0, &g).unwrap();
+    let mut out = [0u8; 64];
+    backend.read(at(buffer, 128), &mut out).unwrap();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for j in 0..4 {
+        for i in 0..4 {
+            let row = &a_values[i * 4..i * 4 + 4];
+            let want = row.iter().sum::<f32>() + row[j];
+            assert_eq!(got[j * 4 + i], want, "dst[{i}, {j}]");
+        }
+    }
+
+    // An op without a kernel after a computable node: refused as a whole, before anything
+    // runs (the product's bytes are not rewritten).
+    backend.fill(at(buffer, 128), 64, 0).unwrap();
+    let mut conv = tensor(5, Op::CONV_2D, true, Some(at(buffer, 128)));
+    conv.src[0] = Some(0);
+    conv.src[1] = Some(1);
+    let g = graph(
+        vec![a.clone(), b.clone(), product.clone(), reshape, conv],
+        vec![2, 3, 4],
     );
     let err = backend.graph_compute(0, &g).unwrap_err();
     assert_eq!(
         err,
         Error::OpRefused {
-            op: Op::MUL_MAT.0,
-            reason: "not implemented by the CPU backend yet"
+            op: Op::CONV_2D.0,
+            reason: compute::NOT_IMPLEMENTED
         }
     );
+    backend.read(at(buffer, 128), &mut out).unwrap();
+    assert_eq!(out, [0u8; 64]);
 
     // Without the COMPUTE flag the node is skipped, as ggml's CPU backend does.
-    let mut skipped = product;
-    skipped.record.flags = 0;
+    let mut skipped = tensor(5, Op::CONV_2D, false, Some(at(buffer, 128)));
+    skipped.src[0] = Some(0);
     backend
         .graph_compute(0, &graph(vec![a, b, skipped], vec![2]))
         .unwrap();
 
+    // An ADD without its sources breaks the op's rules.
     let g = graph(vec![tensor(1, Op::ADD, true, Some(at(buffer, 0)))], vec![0]);
     assert_eq!(
         backend.graph_compute(0, &g).unwrap_err().kind(),
-        ErrorKind::OpRefused
+        ErrorKind::InvalidGraph
     );
     assert_eq!(
         backend.graph_compute(1, &g).unwrap_err().kind(),

@@ -341,7 +341,7 @@ fn view_graph(buffer: u64, base: u64, uid: u64) -> GraphComputeRequest {
 }
 
 #[test]
-fn graphs_of_views_run_and_mul_mat_is_refused() {
+fn graphs_of_views_run_mul_mat_computes_and_unsupported_ops_are_refused() {
     let backend = cpu();
     let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
     let (buffer, base) = alloc(&mut conn, 1024);
@@ -370,9 +370,15 @@ fn graphs_of_views_run_and_mul_mat_is_refused() {
         weights
     );
 
+    // MUL_MAT of the 4x4 weights (bytes 0..63 as f32 bit patterns are tiny but finite) with
+    // a vector of ones: each output is the sum of one weight row.
     let a = f32_tensor(20, [4, 4, 1, 1], buffer, base);
     let b = f32_tensor(21, [4, 1, 1, 1], buffer, base + 64);
     let mut c = f32_tensor(22, [4, 1, 1, 1], buffer, base + 128);
+    let weights: Vec<f32> = (0..16).map(|i| i as f32 - 3.5).collect();
+    let as_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    set(&mut conn, &a, 0, &as_bytes(&weights)).unwrap();
+    set(&mut conn, &b, 0, &as_bytes(&[1.0; 4])).unwrap();
     c.op = Op::MUL_MAT.0;
     c.flags = flags::COMPUTE;
     c.src[0] = a.id;
@@ -381,19 +387,42 @@ fn graphs_of_views_run_and_mul_mat_is_refused() {
         device: 0,
         uid: 8,
         node_ids: vec![c.id],
-        tensors: vec![a, b, c.clone()],
+        tensors: vec![a.clone(), b.clone(), c.clone()],
     };
-    let refused = request(&mut conn, Request::GraphCompute(Box::new(mul_mat))).unwrap_err();
+    done(&mut conn, Request::GraphCompute(Box::new(mul_mat)));
+    let got: Vec<f32> = get(&mut conn, &c, 0, 16)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+        .collect();
+    let want: Vec<f32> = weights.chunks(4).map(|row| row.iter().sum()).collect();
+    assert_eq!(got, want);
+
+    // An op without a CPU kernel: refused before anything ran, and the graph is not stored.
+    let mut d = f32_tensor(23, [4, 1, 1, 1], buffer, base + 192);
+    d.op = Op::CONV_2D.0;
+    d.flags = flags::COMPUTE;
+    d.src[0] = a.id;
+    d.src[1] = b.id;
+    let conv = GraphComputeRequest {
+        device: 0,
+        uid: 9,
+        node_ids: vec![c.id, d.id],
+        tensors: vec![a, b, c.clone(), d.clone()],
+    };
+    set(&mut conn, &c, 0, &[0; 16]).unwrap();
+    let refused = request(&mut conn, Request::GraphCompute(Box::new(conv))).unwrap_err();
     assert_eq!(
         refused,
         Error::OpRefused {
-            op: 29,
-            reason: "not implemented by the CPU backend yet"
+            op: Op::CONV_2D.0,
+            reason: "not implemented by the CPU backend"
         }
     );
-    // Refused before anything ran: the output is untouched, and the graph was not stored.
+    // Refused before anything ran: neither output was written, and the graph was not stored.
     assert_eq!(get(&mut conn, &c, 0, 16).unwrap(), vec![0; 16]);
-    let missing = request(&mut conn, Request::GraphRecompute { device: 0, uid: 8 }).unwrap_err();
+    assert_eq!(get(&mut conn, &d, 0, 16).unwrap(), vec![0; 16]);
+    let missing = request(&mut conn, Request::GraphRecompute { device: 0, uid: 9 }).unwrap_err();
     assert_eq!(missing.kind(), ErrorKind::GraphNotFound);
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use arbitrary::Unstructured;
 use bytes::Bytes;
 use proto_core::backend::MemoryBackend;
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream, MAX_REPLY_CHUNK};
 use proto_core::graph::GraphLimits;
 use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
 use proto_core::tensor_cache::MemoryTensorCache;
@@ -28,6 +28,8 @@ use crate::{byte, Splits};
 
 /// Bytes per device of the fuzzed backend (two devices).
 pub const DEVICE_CAPACITY: u64 = 32 << 20;
+/// Most bytes of one streamed reply the simulated client reads before it hangs up.
+pub const STREAM_PULL_LIMIT: u64 = 48 << 20;
 /// The session's buffered-message limit.
 pub const MAX_MESSAGE_SIZE: u64 = 4 << 20;
 
@@ -136,6 +138,8 @@ pub struct Harness {
     expected_out: u64,
     transmitted: u64,
     stats: ServerStats,
+    /// A streamed reply was cut short.
+    truncated: bool,
 }
 
 impl Harness {
@@ -175,6 +179,7 @@ impl Harness {
             expected_out: 0,
             transmitted: 0,
             stats: ServerStats::default(),
+            truncated: false,
         }
     }
 
@@ -205,6 +210,12 @@ impl Harness {
             self.check.observe(&event, self.max_chunk);
             let response = match self.dispatcher.handle(event) {
                 Ok(Outcome::Respond(response)) => Some(response),
+                Ok(Outcome::RespondStream(stream)) => {
+                    if !self.stream_reply(stream, &mut out) {
+                        break;
+                    }
+                    None
+                }
                 Ok(Outcome::CommInit(request)) => {
                     let ok = self.flags & flag::COMM_OK != 0;
                     Some(self.dispatcher.finish_comm_init(request.device, ok))
@@ -231,16 +242,69 @@ impl Harness {
                 "a response is owed but none was produced"
             );
         }
+        self.drain(&mut out);
+        out
+    }
+
+    /// Sends a streamed GET_TENSOR / GET_TENSOR_2D reply piece by piece, writing out each piece
+    /// before the next is read, as a shell does. A reply larger than [`STREAM_PULL_LIMIT`] is
+    /// cut short: the client stops reading and the connection ends (the run stops). Returns
+    /// whether the connection goes on.
+    fn stream_reply(&mut self, mut stream: TensorReadStream, out: &mut Vec<u8>) -> bool {
+        let len = stream.len();
+        assert!(len > 0, "an empty reply needs no stream");
+        if let Err(error) =
+            self.session.begin_response_stream(stream.command(), len)
+        {
+            panic!("the dispatcher's {:?} stream does not fit the session: {error}", stream.command());
+        }
+        let mut sent = 0u64;
+        loop {
+            self.drain(out);
+            if sent >= STREAM_PULL_LIMIT && sent < len {
+                self.stats.error = Some(format!("client stopped reading a {len}-byte reply"));
+                self.truncated = true;
+                return false;
+            }
+            match self.dispatcher.read_chunk(&mut stream) {
+                Ok(Some(piece)) => {
+                    assert!(!piece.is_empty() && piece.len() as u64 <= MAX_REPLY_CHUNK);
+                    sent += piece.len() as u64;
+                    assert!(sent <= len, "streamed more than announced");
+                    self.session.send_response_data(piece).expect("piece fits the reply");
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    self.stats.error = Some(error.to_string());
+                    self.truncated = true;
+                    return false;
+                }
+            }
+        }
+        assert_eq!(sent, len, "streamed reply shorter than announced");
+        self.expected_out += RESPONSE_HEADER_SIZE as u64 + len;
+        self.stats.responses += 1;
+        true
+    }
+
+    fn drain(&mut self, out: &mut Vec<u8>) {
         while let Some(bytes) = self.session.poll_transmit() {
             self.transmitted += bytes.len() as u64;
-            out.extend_from_slice(&bytes);
+            // Keep the server's bytes for the caller, except the bulk of huge replies.
+            if out.len() < 1 << 20 {
+                out.extend_from_slice(&bytes);
+            }
         }
-        out
     }
 
     /// Ends the connection and checks that it released everything.
     pub fn finish(mut self) -> ServerStats {
-        assert_eq!(self.transmitted, self.expected_out, "transmitted bytes differ from the responses");
+        if !self.truncated {
+            assert_eq!(
+                self.transmitted, self.expected_out,
+                "transmitted bytes differ from the responses"
+            );
+        }
         if self.flags & flag::EOF != 0 && !self.failed() {
             if let Err(error) = self.session.handle_eof() {
                 self.stats.error = Some(error.to_string());

@@ -83,3 +83,14 @@ fn bootstrap_and_round_trip_seeds_run() {
         mirror::run(&data);
     }
 }
+
+#[test]
+fn valid_session_vectors_run_clean() {
+    for (name, data) in seeds("server_session") {
+        if name.starts_with("vec_sessions_") {
+            let stats = server::run(&data);
+            println!("{name}: {stats:?}");
+            assert_eq!(stats.error, None, "{name}");
+        }
+    }
+}

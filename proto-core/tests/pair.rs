@@ -111,6 +111,9 @@ impl Pair {
             match self.dispatcher.handle(event)? {
                 Outcome::Done | Outcome::CommFree { .. } => {}
                 Outcome::Respond(response) => self.server.send_response(&response)?,
+                Outcome::RespondStream(stream) => {
+                    self.dispatcher.stream_reply(stream, &mut self.server)?
+                }
                 other => panic!("unexpected outcome {other:?}"),
             }
         }
@@ -495,5 +498,30 @@ fn graph_compute_and_recompute_follow_the_uid_cache() {
     assert_eq!(
         pair.server_error.as_ref().map(Error::kind),
         Some(ErrorKind::GraphNotFound)
+    );
+}
+
+#[test]
+fn overlapping_2d_read_is_refused_before_allocating() {
+    // Rows of 64 bytes with stride 0, 2^44 times: 2^50 bytes out of a 256-byte tensor. This
+    // used to reach `vec![0; 2^50]` and abort the process.
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 41);
+    pair.connect();
+    let (buffer, base) = pair.alloc(4096);
+    let tensor = tensor_at(1, buffer, base, [64, 1, 1, 1]);
+    let rows = Tensor2dHeader {
+        tensor,
+        offset: 0,
+        size: 64,
+        n_copies: 1 << 44,
+        stride: 0,
+    };
+    pair.client
+        .send(&Request::GetTensor2d(Box::new(rows)))
+        .unwrap();
+    let _ = pair.drive();
+    assert_eq!(
+        pair.server_error.as_ref().map(Error::kind),
+        Some(ErrorKind::MessageTooLarge)
     );
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto_core::backend::{Backend, TensorLocation};
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
 use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
 use proto_core::wire::{CommInitRequest, Request};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -59,6 +59,14 @@ pub struct ConnectionConfig {
     pub dispatcher: DispatcherConfig,
     /// Bound on setting up a comm link and on each all-reduce exchange.
     pub comm_timeout: Duration,
+}
+
+/// Work of an event that needs the sockets, done outside the synchronous event loop.
+enum Deferred {
+    /// A large reply, written piece by piece.
+    Reply(TensorReadStream),
+    /// The comm link.
+    Comm(CommWork),
 }
 
 /// Work of an event that needs sockets besides the client's (the comm link).
@@ -144,7 +152,12 @@ where
     let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
         let processed = match process_events(&mut session, &mut dispatcher, &mut links) {
-            Ok(Some(work)) => {
+            Ok(Some(Deferred::Reply(reply))) => {
+                flush(stream, &mut session).await?;
+                send_reply(stream, &mut session, &mut dispatcher, reply).await?;
+                continue;
+            }
+            Ok(Some(Deferred::Comm(work))) => {
                 // Flush first: the client may be waiting for earlier responses.
                 flush(stream, &mut session).await?;
                 comm_work(
@@ -217,7 +230,7 @@ fn process_events(
     session: &mut ServerSession,
     dispatcher: &mut Dispatcher<dyn Backend>,
     links: &mut HashMap<u32, CommLink>,
-) -> proto_core::Result<Option<CommWork>> {
+) -> proto_core::Result<Option<Deferred>> {
     while let Some(event) = session.poll_event()? {
         let outcome = if is_heavy(&event) {
             run_blocking(|| dispatcher.handle(event))?
@@ -227,26 +240,47 @@ fn process_events(
         match outcome {
             Outcome::Done => {}
             Outcome::Respond(response) => session.send_response(&response)?,
+            Outcome::RespondStream(reply) => return Ok(Some(Deferred::Reply(reply))),
             Outcome::CommFree { device } => {
                 if links.remove(&device).is_some() {
                     tracing::info!(device, "comm link closed");
                 }
             }
-            Outcome::CommInit(request) => return Ok(Some(CommWork::Init(request))),
+            Outcome::CommInit(request) => {
+                return Ok(Some(Deferred::Comm(CommWork::Init(request))))
+            }
             Outcome::CommAllreduce {
                 device,
                 at,
                 elements,
             } => {
-                return Ok(Some(CommWork::Allreduce {
+                return Ok(Some(Deferred::Comm(CommWork::Allreduce {
                     device,
                     at,
                     elements,
-                }))
+                })))
             }
         }
     }
     Ok(None)
+}
+
+/// Writes a large GET_TENSOR reply one piece (at most 16 MiB) at a time, so the server never
+/// holds more than one piece of it.
+async fn send_reply<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    session: &mut ServerSession,
+    // `&mut`, not `&`: the future must be Send, and the dispatcher is Send but not Sync.
+    dispatcher: &mut Dispatcher<dyn Backend>,
+    mut reply: TensorReadStream,
+) -> Result<(), ConnectionError> {
+    session.begin_response_stream(reply.command(), reply.len())?;
+    while let Some(piece) = run_blocking(|| dispatcher.read_chunk(&mut reply))? {
+        session.send_response_data(piece)?;
+        flush(stream, session).await?;
+    }
+    flush(stream, session).await?;
+    Ok(())
 }
 
 /// Runs COMM_INIT (sets up the link; a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE

@@ -257,37 +257,95 @@ fn frame_command(dialect: Dialect, bytes: &[u8]) -> Option<&'static str> {
 }
 
 fn check_session(v: &Vector) -> Result<(), String> {
+    let version = v.version()?;
+    let config = server_config(require(&v.server, "server")?, v.dialect()?)?;
     for bytewise in [false, true] {
-        run_session(v, bytewise).map_err(|e| {
-            format!(
-                "{e} (fed {})",
-                if bytewise {
-                    "byte by byte"
-                } else {
-                    "a step at a time"
-                }
-            )
+        let server = ServerHarness::new(version, &config).map_err(|e| e.to_string())?;
+        let mut target = HarnessTarget { server, bytewise };
+        replay_session(v, &mut target).map_err(|e| {
+            let how = if bytewise {
+                "byte by byte"
+            } else {
+                "a step at a time"
+            };
+            format!("{e} (fed {how})")
         })?;
     }
     Ok(())
 }
 
-fn run_session(v: &Vector, bytewise: bool) -> Result<(), String> {
-    let version = v.version()?;
-    let dialect = v.dialect()?;
-    let config = server_config(require(&v.server, "server")?, dialect)?;
-    let mut server = ServerHarness::new(version, &config).map_err(|e| e.to_string())?;
-    let mut bindings = Bindings::new();
-    let feed = |server: &mut ServerHarness, bytes: &[u8]| -> Result<Vec<u8>, Error> {
-        if !bytewise {
-            return server.feed(bytes);
+/// How a server reacted to the final bytes of an invalid session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinalReaction {
+    /// It failed (closed the connection); with the error kind when the target can tell.
+    Failed(Option<ErrorKind>),
+    /// It answered these bytes and kept going.
+    Answered(Vec<u8>),
+    /// It kept waiting for more bytes.
+    Waiting,
+}
+
+/// A server a session vector can be replayed against: our in-memory harness, or (in other
+/// crates' tests) a real server behind a socket, whose only visible failure is a closed
+/// connection.
+pub trait SessionTarget {
+    /// Writes `bytes` and returns what the server writes back; a vector expects exactly
+    /// `reply_len` bytes (a socket target reads that many, then checks nothing more arrives). An
+    /// error means the server failed.
+    fn exchange(&mut self, bytes: &[u8], reply_len: usize) -> Result<Vec<u8>, String>;
+    /// Writes the final bytes of an invalid session (then ends the stream if `eof`) and reports
+    /// the reaction.
+    fn finish(&mut self, bytes: &[u8], eof: bool) -> FinalReaction;
+}
+
+/// [`SessionTarget`] over our [`ServerHarness`], fed a step or a byte at a time.
+pub struct HarnessTarget {
+    /// The server.
+    pub server: ServerHarness,
+    /// Feed one byte at a time (processing after each).
+    pub bytewise: bool,
+}
+
+impl HarnessTarget {
+    fn feed(&mut self, bytes: &[u8]) -> Result<Vec<u8>, Error> {
+        if !self.bytewise {
+            return self.server.feed(bytes);
         }
         let mut out = Vec::new();
         for byte in bytes {
-            out.extend(server.feed(std::slice::from_ref(byte))?);
+            out.extend(self.server.feed(std::slice::from_ref(byte))?);
         }
         Ok(out)
-    };
+    }
+}
+
+impl SessionTarget for HarnessTarget {
+    fn exchange(&mut self, bytes: &[u8], _reply_len: usize) -> Result<Vec<u8>, String> {
+        self.feed(bytes)
+            .map_err(|e| format!("server failed: {} ({e})", e.kind()))
+    }
+
+    fn finish(&mut self, bytes: &[u8], eof: bool) -> FinalReaction {
+        let result = self.feed(bytes).and_then(|out| {
+            if eof {
+                self.server.eof()?;
+            }
+            Ok(out)
+        });
+        match result {
+            Ok(out) if out.is_empty() => FinalReaction::Waiting,
+            Ok(out) => FinalReaction::Answered(out),
+            Err(error) => FinalReaction::Failed(Some(error.kind())),
+        }
+    }
+}
+
+/// Replays a session vector against `target`: every step must produce its expected bytes, and
+/// the final bytes of an invalid session must make the server fail (with the vector's error
+/// kind, when the target can tell).
+pub fn replay_session(v: &Vector, target: &mut dyn SessionTarget) -> Result<(), String> {
+    let dialect = v.dialect()?;
+    let mut bindings = Bindings::new();
     for (i, step) in require(&v.steps, "steps")?.iter().enumerate() {
         let bytes =
             template::render(&step.send, &bindings).map_err(|e| format!("step {i}: {e}"))?;
@@ -297,13 +355,10 @@ fn run_session(v: &Vector, bytewise: bool) -> Result<(), String> {
                 step.command
             ));
         }
-        let out = feed(&mut server, &bytes).map_err(|e| {
-            format!(
-                "step {i} ({}): server failed: {} ({e})",
-                step.command,
-                e.kind()
-            )
-        })?;
+        let reply_len = template::byte_len(&step.expect).map_err(|e| format!("step {i}: {e}"))?;
+        let out = target
+            .exchange(&bytes, reply_len)
+            .map_err(|e| format!("step {i} ({}): {e}", step.command))?;
         template::matches(&step.expect, &out, &mut bindings)
             .map_err(|e| format!("step {i} ({}): {e}", step.command))?;
     }
@@ -321,20 +376,18 @@ fn run_session(v: &Vector, bytewise: bool) -> Result<(), String> {
         return Err("`command` must be the final step's command".into());
     }
     let want = require(&v.error, "error")?;
-    let result = feed(&mut server, &bytes).and_then(|out| {
-        if last.eof {
-            server.eof()?;
-        }
-        Ok(out)
-    });
-    match result {
-        Ok(out) if out.is_empty() => Err(format!(
+    match target.finish(&bytes, last.eof) {
+        FinalReaction::Failed(None) => Ok(()),
+        FinalReaction::Failed(Some(kind)) if kind.as_str() == want => Ok(()),
+        FinalReaction::Failed(Some(kind)) => Err(format!(
+            "final step: expected {want}, the server failed with {kind}"
+        )),
+        FinalReaction::Waiting => Err(format!(
             "final step: expected {want}, the server accepted the bytes and waits for more"
         )),
-        Ok(out) => Err(format!(
+        FinalReaction::Answered(out) => Err(format!(
             "final step: expected {want}, the server accepted the frame and answered {}",
             hex::encode(&out)
         )),
-        Err(error) => expect_kind(Err::<(), _>(error), want, "final step"),
     }
 }

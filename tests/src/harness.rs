@@ -92,6 +92,9 @@ impl ServerHarness {
             match self.dispatcher.handle(event)? {
                 Outcome::Done | Outcome::CommFree { .. } => {}
                 Outcome::Respond(response) => self.session.send_response(&response)?,
+                Outcome::RespondStream(stream) => {
+                    self.dispatcher.stream_reply(stream, &mut self.session)?
+                }
                 Outcome::CommInit(request) => {
                     let response = self.dispatcher.finish_comm_init(request.device, false);
                     self.session.send_response(&response)?;

@@ -2,7 +2,8 @@
 //! test vectors in `tests/vectors/` (format: `vectors/README.md`).
 //!
 //! * [`vector`]: the vector file format and its loader ([`load_all`], [`vectors_dir`]).
-//! * [`check`]: checks one vector against proto-core.
+//! * [`check`]: checks one vector against proto-core; [`check::replay_session`] replays a
+//!   session vector against any [`check::SessionTarget`] (e.g. a real server behind a socket).
 //! * [`fields`]: typed requests/responses → the JSON `fields` of a vector.
 //! * [`template`]: the `{placeholder}` hex templates of session vectors.
 //! * [`harness`]: our server (session + dispatcher over the in-memory backend) and client,
@@ -24,3 +25,8 @@ pub mod vector;
 
 pub use check::check;
 pub use vector::{load_all, vectors_dir, Vector};
+
+/// Every vector of `tests/vectors/`.
+pub fn all_vectors() -> Result<Vec<Vector>, String> {
+    load_all(&vectors_dir())
+}

@@ -90,6 +90,17 @@ fn apply(base: u64, offset: i64, name: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{{{name}{offset:+}}} wraps around (value {base:#x})"))
 }
 
+/// The number of bytes a template stands for.
+pub fn byte_len(template: &str) -> Result<usize, String> {
+    Ok(parse(template)?
+        .iter()
+        .map(|piece| match piece {
+            Piece::Bytes(bytes) => bytes.len(),
+            _ => 8,
+        })
+        .sum())
+}
+
 /// The bytes of a template whose names are all bound.
 pub fn render(template: &str, bindings: &Bindings) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
@@ -194,5 +205,6 @@ mod tests {
         assert!(parse("{Bad}").is_err());
         assert!(parse("{x+y}").is_err());
         assert!(parse("{x").is_err());
+        assert_eq!(byte_len("00{a}{_}ff").unwrap(), 18);
     }
 }

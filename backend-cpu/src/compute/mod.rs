@@ -1,67 +1,80 @@
 //! Graph execution on the CPU.
 //!
-//! Today this module only admits graphs: nodes that need no arithmetic run (trivially), and
-//! anything else is refused with [`Error::OpRefused`] before a single byte is touched, so a
-//! refused graph leaves every buffer as it was.
+//! [`run`] executes a validated [`Graph`] in node order, as ggml's CPU backend does: nodes
+//! without the COMPUTE flag and layout-only ops (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE) are
+//! skipped, every other node runs its kernel on its sources' bytes — each read through its own
+//! `ne`/`nb` — into its destination's bytes, which are wherever its record says (a view, an
+//! in-place op's source, a fresh tensor).
 //!
-//! The compute engine belongs here, in its own submodules, when it lands:
-//! * `compute/plan.rs`: per-graph planning (which nodes to run, scratch sizes, task splits);
-//! * `compute/ops/`: one file per op family (element-wise, norms, mat-mul, rope, attention...),
-//!   each registering the ops it supports so [`plan`] can replace its "not implemented" refusal
-//!   with a table lookup;
-//! * `compute/pool.rs`: the worker threads, sized by [`crate::CpuConfig::threads`].
+//! The steps:
+//! 1. lock every buffer the computed nodes touch, ascending [`BufferId`], write locks, for the
+//!    whole graph (`crate::buffers` documents the locking order);
+//! 2. plan (`plan.rs`): check every node against its op's rules and build its kernel — a graph
+//!    with one bad or unsupported node is refused here, before anything is written;
+//! 3. execute the steps in order (`ops/`), each spreading its work over the threads
+//!    (`pool.rs`). Values read at run time (row and expert ids) are checked by the kernels
+//!    before they write; such a failure stops the graph with an error, leaving the nodes
+//!    already run as they are.
 //!
-//! Kernels get their tensors' bytes through [`crate::buffers::BufferPool`], which owns the
-//! locking rules (ascending buffer ids when several buffers are locked at once).
+//! Where things are:
+//! * `memory.rs`: the locked bytes, bounds and aliasing checks, destination parts — the only
+//!   `unsafe` code of the engine;
+//! * `view.rs`: tensor layouts, strided reads and type conversions (safe);
+//! * `plan.rs`: the per-op shape, type and parameter rules;
+//! * `pool.rs`: the threads;
+//! * `ops/`: the kernels, one file per op family (its module documentation lists them);
+//! * `quant/`: ggml's quantized formats (dequantize, quantize, dot products).
 
-// Used by the op kernels as they land.
+mod memory;
+mod ops;
+mod plan;
+mod pool;
+// Parts of the quant module's API are only used by its own tests or not yet by any kernel.
 #[allow(dead_code)]
 pub(crate) mod quant;
+mod view;
 
-use proto_core::ggml::Op;
-use proto_core::graph::{Graph, TensorIndex};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use proto_core::backend::BufferId;
+use proto_core::graph::Graph;
 use proto_core::{Error, Result};
 
 use crate::buffers::BufferPool;
 
-/// Why a node is refused until the compute engine exists.
-pub(crate) const NOT_IMPLEMENTED: &str = "not implemented by the CPU backend yet";
+use memory::Arena;
+use pool::Pool;
 
-/// Runs a validated graph. Returns the refusal of the first node that cannot run, before
-/// anything is executed.
-pub(crate) fn run(_buffers: &BufferPool, _threads: usize, graph: &Graph) -> Result<()> {
-    let work = plan(graph)?;
-    // No node that needs arithmetic can be admitted yet, so there is nothing to execute.
-    debug_assert!(work.is_empty());
-    Ok(())
+#[cfg(test)]
+pub(crate) use plan::NOT_IMPLEMENTED;
+
+/// Runs a validated graph on `threads` threads. A graph that breaks an op's rules, or that uses
+/// an op or type without a kernel, is refused before any byte is written.
+pub(crate) fn run(buffers: &BufferPool, threads: usize, graph: &Graph) -> Result<()> {
+    let ids: Vec<BufferId> = plan::buffers(graph);
+    // Held (`Arc`s) for the whole graph, so a concurrent FREE_BUFFER cannot take the memory
+    // away; locked in ascending id order, as every multi-buffer operation of the pool does.
+    let held = ids
+        .iter()
+        .map(|&id| buffers.get(id))
+        .collect::<Result<Vec<_>>>()?;
+    let mut guards: Vec<_> = held.iter().map(|buffer| buffer.write()).collect();
+    let mut arena = Arena::new(
+        ids.iter()
+            .copied()
+            .zip(guards.iter_mut().map(|guard| guard.bytes_mut())),
+    );
+    let steps = plan::build(graph, &|id| arena.buffer_len(id))?;
+    let pool = Pool::new(threads);
+    // A panic would be a bug in a kernel; it must not take the connection's thread (or the
+    // server) down with it, and the locks are released either way.
+    catch_unwind(AssertUnwindSafe(|| {
+        steps
+            .iter()
+            .try_for_each(|step| ops::execute(step, &mut arena, &pool))
+    }))
+    .unwrap_or_else(|_| Err(Error::Backend("CPU compute engine panicked".into())))
 }
 
-/// The nodes that need execution, in order; fails on the first one that cannot be executed.
-///
-/// A node needs execution when it carries the COMPUTE flag (ggml's CPU backend skips the
-/// others) and its op does more than reinterpret memory: NONE, RESHAPE, VIEW, PERMUTE and
-/// TRANSPOSE only describe a layout (ggml's `ggml_op_is_empty`), their bytes are the bytes of
-/// their source.
-pub(crate) fn plan(graph: &Graph) -> Result<Vec<TensorIndex>> {
-    let mut work = Vec::new();
-    for &index in &graph.nodes {
-        let node = graph.tensor(index);
-        if !node.is_compute() || node.op().is_view() {
-            continue;
-        }
-        if !has_kernel(node.op()) {
-            return Err(Error::OpRefused {
-                op: node.record.op,
-                reason: NOT_IMPLEMENTED,
-            });
-        }
-        work.push(index);
-    }
-    Ok(work)
-}
-
-/// Whether an op with arithmetic has a kernel: none yet. The engine replaces this with its
-/// op table.
-fn has_kernel(_op: Op) -> bool {
-    false
-}
+#[cfg(test)]
+mod tests;

@@ -21,7 +21,7 @@
 use proto_core::backend::BufferId;
 use proto_core::ggml::types::id as ty;
 use proto_core::ggml::{op_name, type_info, GluOp, Op, UnaryOp};
-use proto_core::graph::{Graph, GraphTensor, TensorIndex};
+use proto_core::graph::{Graph, GraphTensor};
 use proto_core::{Error, Result};
 
 use super::memory::injective;
@@ -34,10 +34,6 @@ pub(crate) const NOT_IMPLEMENTED: &str = "not implemented by the CPU backend";
 /// One node to execute.
 #[derive(Debug, Clone)]
 pub(crate) struct Step {
-    /// The node's tensor index.
-    pub index: TensorIndex,
-    /// The node's op id.
-    pub op: u32,
     /// What to run.
     pub kernel: Kernel,
     /// Where the result goes.
@@ -269,7 +265,7 @@ pub(crate) fn build(
     buffer_len: &dyn Fn(BufferId) -> Option<usize>,
 ) -> Result<Vec<Step>> {
     let mut steps = Vec::new();
-    for (index, node) in graph.compute_nodes() {
+    for (_, node) in graph.compute_nodes() {
         // G7, again: whatever the decoder let through, a custom op never runs here.
         if node.op().is_custom() {
             return Err(Error::OpRefused {
@@ -283,7 +279,6 @@ pub(crate) fn build(
         }
         let checker = Checker {
             graph,
-            index,
             node,
             buffer_len,
         };
@@ -297,7 +292,6 @@ pub(crate) fn build(
 /// Checks of one node.
 struct Checker<'g> {
     graph: &'g Graph,
-    index: TensorIndex,
     node: &'g GraphTensor,
     buffer_len: &'g dyn Fn(BufferId) -> Option<usize>,
 }
@@ -387,7 +381,8 @@ impl Checker<'_> {
     fn layout(&self, tensor: &GraphTensor) -> Result<Layout> {
         let r = &tensor.record;
         let info = type_info(r.type_id).ok_or(Error::InvalidType { type_id: r.type_id })?;
-        let to_usize = |v: u64| usize::try_from(v).map_err(|_| self.bad("a size beyond the address space"));
+        let to_usize =
+            |v: u64| usize::try_from(v).map_err(|_| self.bad("a size beyond the address space"));
         let size = to_usize(tensor.byte_size)?;
         let layout = Layout {
             at: match tensor.location {
@@ -437,18 +432,17 @@ impl Checker<'_> {
     }
 
     fn step(&self, kernel: Kernel, dst: Layout, srcs: Vec<Option<Layout>>) -> Step {
-        Step {
-            index: self.index,
-            op: self.op(),
-            kernel,
-            dst,
-            srcs,
-        }
+        Step { kernel, dst, srcs }
     }
 
     /// Checks how each read source relates to the destination: in-place (`Same`) only where
     /// the kernel supports it (`in_place[slot]`), never a partial overlap.
-    fn check_aliasing(&self, dst: &Layout, srcs: &[Option<Layout>], in_place: &[bool]) -> Result<()> {
+    fn check_aliasing(
+        &self,
+        dst: &Layout,
+        srcs: &[Option<Layout>],
+        in_place: &[bool],
+    ) -> Result<()> {
         for (slot, src) in srcs.iter().enumerate() {
             let Some(src) = src else { continue };
             match alias(dst, src) {
@@ -460,7 +454,9 @@ impl Checker<'_> {
                     )))
                 }
                 Alias::Partial => {
-                    return Err(self.bad(format!("source {slot} partially overlaps the destination")))
+                    return Err(
+                        self.bad(format!("source {slot} partially overlaps the destination"))
+                    )
                 }
             }
         }
@@ -509,7 +505,11 @@ impl Checker<'_> {
                 }
                 self.same_shape(&a, dst, "src0 and the destination")?;
                 self.repeats(&b, &a, "src1 does not broadcast to src0")?;
-                Ok((Kernel::Binary(binary), vec![Some(a), Some(b)], vec![true, true]))
+                Ok((
+                    Kernel::Binary(binary),
+                    vec![Some(a), Some(b)],
+                    vec![true, true],
+                ))
             }
             Op::ADD1 => {
                 let (a, b) = (self.need(0)?, self.need(1)?);
@@ -554,9 +554,16 @@ impl Checker<'_> {
                     return Err(self.refuse("row sums take F32, F16 or BF16 tensors"));
                 }
                 if dst.ne != [1, a.ne[1], a.ne[2], a.ne[3]] {
-                    return Err(self.bad(format!("destination shape {:?} is not [1, ne1, ne2, ne3] of {:?}", dst.ne, a.ne)));
+                    return Err(self.bad(format!(
+                        "destination shape {:?} is not [1, ne1, ne2, ne3] of {:?}",
+                        dst.ne, a.ne
+                    )));
                 }
-                let kernel = if op == Op::MEAN { Kernel::Mean } else { Kernel::SumRows };
+                let kernel = if op == Op::MEAN {
+                    Kernel::Mean
+                } else {
+                    Kernel::SumRows
+                };
                 one(kernel, a, false)
             }
             Op::SUM => {
@@ -587,7 +594,7 @@ impl Checker<'_> {
                 self.same_shape(&a, dst, "src0 and the destination")?;
                 let eps = self.fparam(0);
                 // ggml asserts eps >= 0 (which NaN fails as well).
-                if !(eps >= 0.0) {
+                if eps.is_nan() || eps < 0.0 {
                     return Err(self.refuse("negative or NaN epsilon"));
                 }
                 let kernel = if op == Op::NORM {
@@ -621,7 +628,11 @@ impl Checker<'_> {
                         )));
                     }
                 }
-                Ok((Kernel::Concat { dim }, vec![Some(a), Some(b)], vec![false, false]))
+                Ok((
+                    Kernel::Concat { dim },
+                    vec![Some(a), Some(b)],
+                    vec![false, false],
+                ))
             }
             Op::DIAG_MASK_INF | Op::DIAG_MASK_ZERO => {
                 let a = self.need(0)?;
@@ -629,8 +640,8 @@ impl Checker<'_> {
                     return Err(self.refuse("diagonal masks take F32, F16 or BF16 tensors"));
                 }
                 self.same_shape(&a, dst, "src0 and the destination")?;
-                let n_past = usize::try_from(self.param(0))
-                    .map_err(|_| self.bad("negative n_past"))?;
+                let n_past =
+                    usize::try_from(self.param(0)).map_err(|_| self.bad("negative n_past"))?;
                 let value = if op == Op::DIAG_MASK_INF {
                     f32::NEG_INFINITY
                 } else {
@@ -755,7 +766,11 @@ impl Checker<'_> {
                 rows.ne, a.ne, dst.ne
             )));
         }
-        Ok((Kernel::GetRows, vec![Some(a), Some(rows)], vec![false, false]))
+        Ok((
+            Kernel::GetRows,
+            vec![Some(a), Some(rows)],
+            vec![false, false],
+        ))
     }
 
     #[allow(clippy::type_complexity)]
@@ -786,7 +801,11 @@ impl Checker<'_> {
                 a.ne, rows.ne, dst.ne
             )));
         }
-        Ok((Kernel::SetRows, vec![Some(a), Some(rows)], vec![false, false]))
+        Ok((
+            Kernel::SetRows,
+            vec![Some(a), Some(rows)],
+            vec![false, false],
+        ))
     }
 
     /// The weight types MUL_MAT / MUL_MAT_ID take: plain floats, or quantized types with a dot
@@ -805,7 +824,9 @@ impl Checker<'_> {
         };
         let block = type_info(vdt).map_or(0, |i| i.block_size as usize);
         if block == 0 || k % block != 0 {
-            return Err(self.bad(format!("ne[0] = {k} is not a multiple of the activation block")));
+            return Err(self.bad(format!(
+                "ne[0] = {k} is not a multiple of the activation block"
+            )));
         }
         Ok(())
     }
@@ -824,10 +845,7 @@ impl Checker<'_> {
             && x.ne[3] % w.ne[3] == 0
             && dst.ne == [w.ne[1], x.ne[1], x.ne[2], x.ne[3]];
         if !shapes {
-            return Err(self.bad(format!(
-                "{:?} x {:?} cannot give {:?}",
-                w.ne, x.ne, dst.ne
-            )));
+            return Err(self.bad(format!("{:?} x {:?} cannot give {:?}", w.ne, x.ne, dst.ne)));
         }
         Ok((Kernel::MulMat, vec![Some(w), Some(x)], vec![false, false]))
     }
@@ -909,10 +927,7 @@ impl Checker<'_> {
         }
         let per_token = if mrope { 4 } else { 1 };
         if pos.ne[0] < per_token * a.ne[2] {
-            return Err(self.bad(format!(
-                "{} positions for {} tokens",
-                pos.ne[0], a.ne[2]
-            )));
+            return Err(self.bad(format!("{} positions for {} tokens", pos.ne[0], a.ne[2])));
         }
         if let Some(f) = &factors {
             if !is_float(f) || f.ne[0] < params.n_dims / 2 {
@@ -965,11 +980,12 @@ impl Checker<'_> {
     fn flash_attn(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
         let (q, k, v) = (self.need(0)?, self.need(1)?, self.need(2)?);
         let (mask, sinks) = (self.src(3)?, self.src(4)?);
-        if !is_float(&q) || dst.type_id != ty::F32 || !readable(k.type_id) || !readable(v.type_id)
-        {
+        if !is_float(&q) || dst.type_id != ty::F32 || !readable(k.type_id) || !readable(v.type_id) {
             return Err(self.refuse("FLASH_ATTN_EXT takes float Q, readable K/V, and gives F32"));
         }
-        if Scalar::numeric(k.type_id) == Some(Scalar::I32) || Scalar::numeric(v.type_id) == Some(Scalar::I32) {
+        if Scalar::numeric(k.type_id) == Some(Scalar::I32)
+            || Scalar::numeric(v.type_id) == Some(Scalar::I32)
+        {
             return Err(self.refuse("FLASH_ATTN_EXT does not take integer K/V"));
         }
         let prec = self.param(3);
@@ -977,7 +993,9 @@ impl Checker<'_> {
             return Err(self.refuse("unknown precision"));
         }
         let (dk, dv, n_kv, n_q, n_head) = (q.ne[0], v.ne[0], k.ne[1], q.ne[1], q.ne[2]);
-        let kv_fits = |t: &Layout| t.ne[2] > 0 && t.ne[3] > 0 && n_head % t.ne[2] == 0 && q.ne[3] % t.ne[3] == 0;
+        let kv_fits = |t: &Layout| {
+            t.ne[2] > 0 && t.ne[3] > 0 && n_head % t.ne[2] == 0 && q.ne[3] % t.ne[3] == 0
+        };
         let shapes = dk > 0
             && dv > 0
             && k.ne[0] == dk
@@ -1000,7 +1018,10 @@ impl Checker<'_> {
                 && n_head % m.ne[2] == 0
                 && q.ne[3] % m.ne[3] == 0;
             if !ok {
-                return Err(self.bad(format!("mask {:?} does not fit q {:?}, k {:?}", m.ne, q.ne, k.ne)));
+                return Err(self.bad(format!(
+                    "mask {:?} does not fit q {:?}, k {:?}",
+                    m.ne, q.ne, k.ne
+                )));
             }
         }
         if let Some(s) = &sinks {

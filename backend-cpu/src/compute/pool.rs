@@ -36,11 +36,6 @@ impl Pool {
         }
     }
 
-    /// The thread count.
-    pub(crate) fn threads(&self) -> usize {
-        self.threads
-    }
-
     /// How many of `units` (rows, usually) to put in one item when each unit costs about
     /// `cost` element-operations: everything in one item for small work or one thread,
     /// otherwise about [`ITEMS_PER_THREAD`] items per thread.
@@ -60,19 +55,33 @@ impl Pool {
         items: Vec<T>,
         work: &(dyn Fn(T) -> Result<()> + Sync),
     ) -> Result<()> {
+        self.run_with(items, || (), |_, item| work(item))
+    }
+
+    /// [`Pool::run`] with per-thread state: each thread makes its state once with `init`
+    /// (scratch buffers, caches) and hands it to `work` for every item it claims, so items do
+    /// not allocate.
+    pub(crate) fn run_with<T: Send, S>(
+        &self,
+        items: Vec<T>,
+        init: impl Fn() -> S + Sync,
+        work: impl Fn(&mut S, T) -> Result<()> + Sync,
+    ) -> Result<()> {
         let workers = self.threads.min(items.len());
         if workers <= 1 {
-            return items.into_iter().try_for_each(work);
+            let mut state = init();
+            return items.into_iter().try_for_each(|item| work(&mut state, item));
         }
         let queue = Mutex::new(items.into_iter());
         let failure: Mutex<Option<Error>> = Mutex::new(None);
         let stop = AtomicBool::new(false);
         let worker = || {
+            let mut state = init();
             while !stop.load(Ordering::Relaxed) {
                 // A panicking item poisons nothing that matters: the iterator stays valid.
                 let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
                 let Some(item) = next else { break };
-                if let Err(error) = work(item) {
+                if let Err(error) = work(&mut state, item) {
                     stop.store(true, Ordering::Relaxed);
                     failure
                         .lock()

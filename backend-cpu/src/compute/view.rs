@@ -21,10 +21,6 @@ use proto_core::{Error, Result};
 use super::memory::DstPart;
 use super::quant;
 
-/// `GGML_TYPE_I8`.
-pub(crate) const I8: u32 = 24;
-/// `GGML_TYPE_I16`.
-pub(crate) const I16: u32 = 25;
 /// `GGML_TYPE_I64`.
 pub(crate) const I64: u32 = 27;
 
@@ -93,13 +89,18 @@ impl Layout {
 
     /// ggml's `ggml_is_contiguous`: the tensor is one packed run in row-major order (strides of
     /// dimensions with one element are ignored).
+    #[cfg(test)]
     pub(crate) fn is_contiguous(&self) -> bool {
         let mut next = self.type_size;
         for d in 0..4 {
             if self.ne[d] != 1 && self.nb[d] != next {
                 return false;
             }
-            next *= if d == 0 { self.ne[0] / self.block } else { self.ne[d] };
+            next *= if d == 0 {
+                self.ne[0] / self.block
+            } else {
+                self.ne[d]
+            };
         }
         true
     }
@@ -168,17 +169,6 @@ impl Scalar {
             Scalar::F16 => f16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])),
             Scalar::Bf16 => bf16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])),
             Scalar::I32 => i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as f32,
-        }
-    }
-
-    /// One element into its little-endian bytes.
-    #[inline]
-    pub(crate) fn put(self, value: f32, out: &mut [u8]) {
-        match self {
-            Scalar::F32 => out[..4].copy_from_slice(&value.to_le_bytes()),
-            Scalar::F16 => out[..2].copy_from_slice(&f32_to_f16(value).to_le_bytes()),
-            Scalar::Bf16 => out[..2].copy_from_slice(&f32_to_bf16(value).to_le_bytes()),
-            Scalar::I32 => out[..4].copy_from_slice(&(value as i32).to_le_bytes()),
         }
     }
 }
@@ -297,9 +287,8 @@ pub(crate) fn encode_row(dst_type: u32, src: &[f32], out: &mut Vec<u8>) -> Resul
             Ok(())
         }
         None => {
-            let info = proto_core::ggml::type_info(dst_type).ok_or(Error::InvalidType {
-                type_id: dst_type,
-            })?;
+            let info = proto_core::ggml::type_info(dst_type)
+                .ok_or(Error::InvalidType { type_id: dst_type })?;
             let bytes = src.len() / info.block_size as usize * info.type_size as usize;
             out.resize(bytes, 0);
             quant::quantize_row(dst_type, src, out)
@@ -333,9 +322,10 @@ impl<'a> SrcView<'a> {
         &self.bytes[start..start + l.type_size]
     }
 
-    /// Element `i` of a plain numeric tensor as f32.
-    pub(crate) fn f32_at(&self, scalar: Scalar, i: [usize; 4]) -> f32 {
-        scalar.get(self.element(i))
+    /// Element `i` of a plain numeric tensor as f32 (NaN for other types, which the plan never
+    /// lets through to a kernel reading values).
+    pub(crate) fn value(&self, i: [usize; 4]) -> f32 {
+        Scalar::numeric(self.layout.type_id).map_or(f32::NAN, |s| s.get(self.element(i)))
     }
 
     /// Element `i` of an I32 or I64 index tensor.
@@ -353,8 +343,18 @@ impl<'a> SrcView<'a> {
     pub(crate) fn load_f32(&self, idx: [usize; 3], out: &mut [f32]) -> Result<()> {
         let l = &self.layout;
         let out = &mut out[..l.ne[0]];
+        if out.is_empty() {
+            return Ok(());
+        }
         if let Some(scalar) = Scalar::numeric(l.type_id) {
             if l.dense_rows() {
+                // F16/BF16 rows through the quant module's vectorized (F16C) conversions,
+                // which are exact, as ours are
+                if matches!(scalar, Scalar::F16 | Scalar::Bf16)
+                    && quant::dequantize_row(l.type_id, self.row(idx), out).is_ok()
+                {
+                    return Ok(());
+                }
                 decode(scalar, self.row(idx), out);
             } else {
                 let start = l.row_offset(idx);

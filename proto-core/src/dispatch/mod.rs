@@ -11,13 +11,15 @@ pub mod graph_cache;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::backend::{Backend, TensorLocation};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphLimits};
-use crate::session::{ServerEvent, TensorWrite};
+use crate::session::{ServerEvent, ServerSession, TensorWrite};
 use crate::tensor_cache::{CacheWriter, Fnv1a64, TensorCache};
 use crate::wire::{
-    CommInitRequest, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
+    Command, CommInitRequest, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
     Tensor2dHeader, HELLO_FLAG_TENSOR_CACHE,
 };
 
@@ -88,10 +90,51 @@ pub enum Outcome {
         /// Device.
         device: u32,
     },
+    /// Send a large reply piece by piece (see [`TensorReadStream`]).
+    RespondStream(TensorReadStream),
 }
 
-/// Where the streamed data of SET_TENSOR / SET_TENSOR_2D goes.
-#[derive(Debug, Clone, Copy)]
+/// Largest GET_TENSOR / GET_TENSOR_2D reply built in one piece; larger replies are streamed in
+/// pieces of this size ([`Outcome::RespondStream`]), so memory stays bounded whatever the size.
+pub const MAX_REPLY_CHUNK: u64 = 16 * 1024 * 1024;
+
+/// A GET_TENSOR / GET_TENSOR_2D reply read from the backend piece by piece.
+///
+/// The shell calls [`ServerSession::begin_response_stream`] with [`command`](Self::command) and
+/// [`len`](Self::len), then alternates [`Dispatcher::read_chunk`] and
+/// [`ServerSession::send_response_data`], writing the transmits out between pieces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorReadStream {
+    command: Command,
+    target: WriteTarget,
+    len: u64,
+    produced: u64,
+}
+
+impl TensorReadStream {
+    /// The command answered.
+    pub fn command(&self) -> Command {
+        self.command
+    }
+
+    /// Total data bytes of the reply.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the reply carries no data.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Data bytes not read yet.
+    pub fn remaining(&self) -> u64 {
+        self.len - self.produced
+    }
+}
+
+/// Where the streamed data of SET_TENSOR / SET_TENSOR_2D goes (or a streamed reply comes from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WriteTarget {
     Contiguous(TensorLocation),
     Rows {
@@ -263,25 +306,25 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 let at = self
                     .buffers
                     .region(&tensor, offset, size, RegionStart::InsideBuffer)?;
-                let mut data = vec![0u8; to_usize(size)?];
-                self.backend.read(at, &mut data)?;
-                respond(Response::TensorData(data.into()))
+                self.reply_with_data(Command::GetTensor, WriteTarget::Contiguous(at), size)
             }
             Request::GetTensor2d(header) => {
                 self.sync_devices();
-                let (first, span) = self.rows(&header)?;
-                let _ = span;
-                let total = header.data_len(crate::wire::Command::GetTensor2d)?;
-                let mut data = vec![0u8; to_usize(total)?];
-                let size = to_usize(header.size)?;
-                for (row, out) in data.chunks_exact_mut(size).enumerate() {
-                    let at = TensorLocation {
-                        buffer: first.buffer,
-                        offset: first.offset + row as u64 * header.stride,
-                    };
-                    self.backend.read(at, out)?;
+                let command = Command::GetTensor2d;
+                let (first, _) = self.rows(&header)?;
+                let total = header.data_len(command)?;
+                // Overlapping rows (stride < size) could ask for far more bytes than exist; a
+                // reply is never larger than the tensor it reads.
+                let (_, byte_size) = self.buffers.resolve_in_buffer(&header.tensor)?;
+                if total > byte_size {
+                    return Err(Error::MessageTooLarge { command, limit: byte_size, got: total });
                 }
-                respond(Response::Tensor2dData(data.into()))
+                let rows = WriteTarget::Rows {
+                    first,
+                    size: header.size,
+                    stride: header.stride,
+                };
+                self.reply_with_data(command, rows, total)
             }
             Request::MemsetTensor {
                 tensor,
@@ -313,7 +356,13 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             }
             Request::GetAllocSize(request) => {
                 let device = self.device(request.device)?;
-                request.tensor.validate_shape()?;
+                // As the reference: a handle of another server (or none) means "no buffer", a
+                // handle of ours must hold the tensor.
+                if self.buffers.get(request.tensor.buffer).is_ok() {
+                    self.buffers.resolve(&request.tensor)?;
+                } else {
+                    request.tensor.validate_shape()?;
+                }
                 respond(Response::AllocSize(
                     self.backend.alloc_size(device, &request.tensor)?,
                 ))
@@ -370,6 +419,65 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 Ok(Outcome::CommFree { device })
             }
         }
+    }
+
+    /// A data reply: built at once when small, streamed otherwise.
+    fn reply_with_data(&self, command: Command, target: WriteTarget, len: u64) -> Result<Outcome> {
+        let mut stream = TensorReadStream { command, target, len, produced: 0 };
+        if len > MAX_REPLY_CHUNK {
+            return Ok(Outcome::RespondStream(stream));
+        }
+        let data = self.read_chunk(&mut stream)?.unwrap_or_default();
+        Ok(Outcome::Respond(match command {
+            Command::GetTensor2d => Response::Tensor2dData(data),
+            _ => Response::TensorData(data),
+        }))
+    }
+
+    /// Reads the next piece (at most [`MAX_REPLY_CHUNK`] bytes) of a streamed reply; `None`
+    /// once everything was read.
+    pub fn read_chunk(&self, stream: &mut TensorReadStream) -> Result<Option<Bytes>> {
+        let remaining = stream.remaining();
+        if remaining == 0 {
+            return Ok(None);
+        }
+        let mut data = vec![0u8; to_usize(remaining.min(MAX_REPLY_CHUNK))?];
+        let mut filled = 0usize;
+        while filled < data.len() {
+            let position = stream.produced + filled as u64;
+            let (at, take) = match stream.target {
+                WriteTarget::Contiguous(at) => (
+                    TensorLocation { buffer: at.buffer, offset: at.offset + position },
+                    data.len() - filled,
+                ),
+                WriteTarget::Rows { first, size, stride } => {
+                    let (row, within) = (position / size, position % size);
+                    let at = TensorLocation {
+                        buffer: first.buffer,
+                        offset: first.offset + row * stride + within,
+                    };
+                    (at, (size - within).min((data.len() - filled) as u64) as usize)
+                }
+            };
+            self.backend.read(at, &mut data[filled..filled + take])?;
+            filled += take;
+        }
+        stream.produced += filled as u64;
+        Ok(Some(data.into()))
+    }
+
+    /// Sends a streamed reply into the session in one go, for callers that need not write
+    /// between pieces (tests, fuzzing). Shells write out each piece before reading the next.
+    pub fn stream_reply(
+        &self,
+        mut stream: TensorReadStream,
+        session: &mut ServerSession,
+    ) -> Result<()> {
+        session.begin_response_stream(stream.command(), stream.len())?;
+        while let Some(chunk) = self.read_chunk(&mut stream)? {
+            session.send_response_data(chunk)?;
+        }
+        Ok(())
     }
 
     fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Outcome> {

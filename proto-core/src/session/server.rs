@@ -75,6 +75,8 @@ enum State {
 struct PendingResponse {
     command: Command,
     expected_len: Option<u64>,
+    /// Data bytes still owed by a streamed reply ([`ServerSession::begin_response_stream`]).
+    streaming: Option<u64>,
 }
 
 /// The server session state machine (sans-IO).
@@ -203,14 +205,17 @@ impl ServerSession {
             Request::GetTensor { size, .. } => Some(PendingResponse {
                 command,
                 expected_len: Some(*size),
+                streaming: None,
             }),
             Request::GetTensor2d(header) => Some(PendingResponse {
                 command,
                 expected_len: Some(header.data_len(command)?),
+                streaming: None,
             }),
             _ if command.has_response() => Some(PendingResponse {
                 command,
                 expected_len: command.fixed_response_size(),
+                streaming: None,
             }),
             _ => None,
         };
@@ -254,11 +259,53 @@ impl ServerSession {
         Ok(Some(ServerEvent::TensorWriteBegin { write, data_len }))
     }
 
+    /// Starts a reply whose `len` data bytes follow in pieces through
+    /// [`send_response_data`](Self::send_response_data), so a large GET_TENSOR never needs the
+    /// whole tensor in memory. Only for GET_TENSOR and GET_TENSOR_2D.
+    pub fn begin_response_stream(&mut self, command: Command, len: u64) -> Result<()> {
+        let pending = self.pending.as_mut().ok_or(Error::InvalidState("no response is owed"))?;
+        if pending.command != command
+            || pending.streaming.is_some()
+            || !matches!(command, Command::GetTensor | Command::GetTensor2d)
+        {
+            return Err(Error::InvalidState("stream does not answer the pending request"));
+        }
+        if pending.expected_len != Some(len) {
+            return Err(Error::InvalidState("response length differs from the request"));
+        }
+        pending.streaming = Some(len);
+        self.transmit.push_back(Bytes::copy_from_slice(&len.to_le_bytes()));
+        if len == 0 {
+            self.pending = None;
+        }
+        Ok(())
+    }
+
+    /// Queues the next piece of a streamed reply; the reply is complete when all its bytes
+    /// were queued.
+    pub fn send_response_data(&mut self, data: Bytes) -> Result<()> {
+        let pending = self.pending.as_mut().ok_or(Error::InvalidState("no response is owed"))?;
+        let remaining = pending.streaming.ok_or(Error::InvalidState("no streamed reply"))?;
+        let len = data.len() as u64;
+        if len > remaining {
+            return Err(Error::InvalidState("streamed reply longer than announced"));
+        }
+        pending.streaming = Some(remaining - len);
+        if !data.is_empty() {
+            self.transmit.push_back(data);
+        }
+        if remaining == len {
+            self.pending = None;
+        }
+        Ok(())
+    }
+
     /// Queues the response to the request that owes one.
     pub fn send_response(&mut self, response: &Response) -> Result<()> {
-        let pending = self
-            .pending
-            .ok_or(Error::InvalidState("no response is owed"))?;
+        let pending = self.pending.ok_or(Error::InvalidState("no response is owed"))?;
+        if pending.streaming.is_some() {
+            return Err(Error::InvalidState("a streamed reply is in progress"));
+        }
         if response.command() != pending.command {
             return Err(Error::InvalidState(
                 "response does not answer the pending request",
@@ -289,10 +336,21 @@ impl ServerSession {
 
     /// The peer closed its side. An error if it stopped in the middle of a frame.
     pub fn handle_eof(&mut self) -> Result<()> {
+        let buffered = self.input.len() as u64;
         let missing = match self.state {
-            State::Streaming { remaining } => remaining.saturating_sub(self.input.len() as u64),
-            _ if !self.input.is_empty() => 1,
-            _ => 0,
+            State::Streaming { remaining } => remaining.saturating_sub(buffered),
+            _ if buffered == 0 => 0,
+            _ => match self.input.peek_array::<REQUEST_HEADER_SIZE>() {
+                Some(header) => {
+                    let mut size = [0u8; 8];
+                    size.copy_from_slice(&header[1..]);
+                    (REQUEST_HEADER_SIZE as u64)
+                        .saturating_add(u64::from_le_bytes(size))
+                        .saturating_sub(buffered)
+                        .max(1)
+                }
+                None => REQUEST_HEADER_SIZE as u64 - buffered,
+            },
         };
         if missing > 0 {
             let error = Error::UnexpectedEof(missing);

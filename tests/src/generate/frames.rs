@@ -334,7 +334,7 @@ fn responses(version: ProtocolVersion) -> Vec<ResponseCase> {
     let mut cases: Vec<ResponseCase> = vec![
         ("hello", "§5.1, §1.5", "HELLO response of a server of the same version: byte 3 (padding/flags) 0, TCP-only caps",
             hello.clone(), Response::Hello { version, flags: 0, caps: [0; 24] }),
-        ("hello_flags_cache", "§1.4, §5.1", "HELLO response with flags byte 1 (server has a tensor cache)",
+        ("hello_flags_cache", "§1.4, §5.1", "HELLO response with byte 3 = 1: flags bit 0 of the newest upstream change (server has a tensor cache); padding that a 7.0.0/8.0.0 client ignores",
             hello.clone(), Response::Hello { version, flags: 1, caps: [0; 24] }),
         ("hello_rdma_caps", "§5.1, §10.2", "HELLO response of a RoCE-capable server (answered to a RoCE client)",
             Request::Hello { caps: rdma_caps() }, Response::Hello { version, flags: 0, caps: server_caps() }),

@@ -32,6 +32,9 @@ mod rows;
 mod softmax;
 mod unary;
 
+#[cfg(test)]
+pub(super) use unary::{gelu_exact, gelu_quick_exact};
+
 use proto_core::Result;
 
 use super::memory::{Arena, Dst, DstPart, NodeMemory, Src};
@@ -55,11 +58,7 @@ pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result
             _ => None,
         })
         .collect();
-    let node = Node {
-        step,
-        pool,
-        inputs,
-    };
+    let node = Node { pool, inputs };
     match step.kernel {
         Kernel::Copy => copy::copy(&node, dst),
         Kernel::Concat { dim } => copy::concat(&node, dst, dim),
@@ -91,8 +90,6 @@ pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result
 
 /// What a kernel gets besides its destination.
 pub(super) struct Node<'a> {
-    /// The plan of the node.
-    pub step: &'a Step,
     /// The threads.
     pub pool: &'a Pool,
     /// The sources, by slot.
@@ -113,7 +110,9 @@ impl<'a> Node<'a> {
     pub fn view(&self, slot: usize) -> Result<SrcView<'a>> {
         match self.input(slot)? {
             Input::View(view) => Ok(view),
-            Input::Dst(_) => Err(internal("a source that must not alias the destination does")),
+            Input::Dst(_) => Err(internal(
+                "a source that must not alias the destination does",
+            )),
         }
     }
 
@@ -128,7 +127,8 @@ impl<'a> Node<'a> {
 
 /// The destination's element type as a [`Scalar`] (float kernels only write those).
 fn dst_scalar(layout: &Layout) -> Result<Scalar> {
-    Scalar::numeric(layout.type_id).ok_or_else(|| internal("a float kernel with a non-float destination"))
+    Scalar::numeric(layout.type_id)
+        .ok_or_else(|| internal("a float kernel with a non-float destination"))
 }
 
 /// The common shape of row kernels: every destination row `idx` is computed from row `idx` of
@@ -149,21 +149,48 @@ pub(super) fn map_rows<S>(
     let ne0 = layout.ne[0];
     let chunk = node.pool.chunk(layout.rows(), ne0.saturating_mul(cost));
     let parts = dst.split_rows(chunk);
-    node.pool.run(parts, &|mut part: DstPart<'_>| {
-        let mut state = init();
-        let mut x = vec![0.0f32; ne0];
-        let mut y = vec![0.0f32; ne0];
-        let mut bytes = Vec::new();
-        for r in part.rows() {
-            let idx = layout.row_index(r);
-            src.load_f32(&part, idx, &mut x, &mut bytes)?;
-            f(&mut state, &part, idx, &x, &mut y)?;
-            bytes.resize(ne0 * scalar.size(), 0);
-            encode(scalar, &y, &mut bytes);
-            part.write(r, 0, &bytes)?;
+    node.pool.run_with(
+        parts,
+        || {
+            let row = vec![0.0f32; ne0];
+            (init(), row.clone(), row, Vec::new())
+        },
+        |(state, x, y, bytes), mut part: DstPart<'_>| {
+            for r in part.rows() {
+                let idx = layout.row_index(r);
+                src.load_f32(&part, idx, x, bytes)?;
+                f(state, &part, idx, x, y)?;
+                bytes.resize(ne0 * scalar.size(), 0);
+                encode(scalar, y, bytes);
+                part.write(r, 0, bytes)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Every row of `view` as f32, `ne0` values per row in flat row order, converted on the
+/// threads (for sources whose rows are read many times).
+pub(super) fn widen_all(node: &Node<'_>, view: &SrcView<'_>) -> Result<Vec<f32>> {
+    let width = view.layout.ne[0];
+    let rows = view.layout.rows();
+    let mut values = vec![0.0f32; rows * width];
+    if values.is_empty() {
+        return Ok(values);
+    }
+    let chunk = node.pool.chunk(rows, width * 2);
+    let items: Vec<(usize, &mut [f32])> = values
+        .chunks_mut(chunk * width)
+        .enumerate()
+        .map(|(i, c)| (i * chunk, c))
+        .collect();
+    node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
+        for (n, row) in out.chunks_mut(width).enumerate() {
+            view.load_f32(view.layout.row_index(first + n), row)?;
         }
         Ok(())
-    })
+    })?;
+    Ok(values)
 }
 
 /// C's `MAX(a, b)` macro (`a > b ? a : b`), whose NaN behaviour ggml's results depend on.

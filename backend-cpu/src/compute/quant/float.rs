@@ -1,21 +1,22 @@
 //! The plain float types: F32 (identity), F16 (IEEE binary16) and BF16 (bfloat16).
 //!
-//! F16 conversions go through the `half` crate (F16C instructions where the CPU has them,
-//! round to nearest even, as ggml's `GGML_CPU_FP32_TO_FP16`). BF16 is ggml's own formula
+//! f32 -> f16 goes through the `half` crate (F16C instructions where the CPU has them, round to
+//! nearest even, as ggml's `GGML_CPU_FP32_TO_FP16`); f16 -> f32 is exact branch-free code
+//! that vectorizes ([`super::f16_to_f32`]). BF16 is ggml's own formula
 //! (`ggml_compute_fp32_to_bf16`): NaNs keep their top bits and are forced quiet, everything
 //! else rounds to nearest even.
 //!
 //! The dot products follow the shape of ggml's SIMD `ggml_vec_dot_f32/f16/bf16`: products
-//! summed in 32 f32 lanes, the lanes reduced at the end (ggml reduces pairwise and adds the
-//! leftovers in double; the difference is a rounding-level one).
+//! summed in 32 f32 lanes, the lanes reduced pairwise at the end (ggml multiplies and adds
+//! with FMA and adds the leftovers in double; the difference is a rounding-level one).
 
 use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use half::slice::HalfFloatSliceExt;
 
-/// Elements converted per step of the F16 paths (stack buffers).
-const CHUNK: usize = 64;
-/// Accumulator lanes of the dot products.
-const LANES: usize = 32;
+use super::f16_to_f32;
+
+/// Elements per step of the dot products (also their accumulator lanes).
+pub(super) const LANES: usize = 32;
 
 #[inline(always)]
 pub(super) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
@@ -33,25 +34,18 @@ pub(super) fn quantize_f32(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// `n` little-endian u16 from bytes into a buffer (no alignment needed on `src`).
 #[inline(always)]
-fn load_u16(src: &[u8], out: &mut [u16]) {
-    for (b, o) in src.chunks_exact(2).zip(out.iter_mut()) {
+pub(super) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in src.chunks_exact(2).zip(dst.iter_mut()) {
         if let Some(b) = b.first_chunk::<2>() {
-            *o = u16::from_le_bytes(*b);
+            *out = f16_to_f32(u16::from_le_bytes(*b));
         }
     }
 }
 
-#[inline(always)]
-pub(super) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
-    let mut bits = [0u16; CHUNK];
-    for (s, d) in src.chunks(2 * CHUNK).zip(dst.chunks_mut(CHUNK)) {
-        let bits = &mut bits[..d.len()];
-        load_u16(s, bits);
-        bits.reinterpret_cast::<f16>().convert_to_f32_slice(d);
-    }
-}
+/// Elements per step of the F16 quantizer (a stack buffer for the `half` crate's F16C slice
+/// conversion).
+const CHUNK: usize = 64;
 
 #[inline(always)]
 pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
@@ -98,72 +92,78 @@ pub(super) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Sums `a[i] * b[i]` in [`LANES`] f32 lanes, then reduces the lanes.
+/// Dot product of two rows of `W`-byte elements decoded by `get`: products summed in
+/// [`LANES`] f32 lanes (whole steps of `LANES` elements), then [`finish_dot`].
 #[inline(always)]
-fn dot_lanes(a: &[f32], b: &[f32], acc: &mut [f32; LANES]) {
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
+fn dot<const W: usize>(x: &[u8], y: &[u8], get: impl Fn([u8; W]) -> f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let step = W * LANES;
+    let mut cx = x.chunks_exact(step);
+    let mut cy = y.chunks_exact(step);
+    for (bx, by) in (&mut cx).zip(&mut cy) {
+        let mut vx = [0f32; LANES];
+        let mut vy = [0f32; LANES];
+        for (v, b) in vx.iter_mut().zip(bx.chunks_exact(W)) {
+            if let Some(b) = b.first_chunk::<W>() {
+                *v = get(*b);
+            }
+        }
+        for (v, b) in vy.iter_mut().zip(by.chunks_exact(W)) {
+            if let Some(b) = b.first_chunk::<W>() {
+                *v = get(*b);
+            }
+        }
         for l in 0..LANES {
-            acc[l] += x[l] * y[l];
+            acc[l] += vx[l] * vy[l];
         }
     }
-    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-        acc[l] += x * y;
-    }
+    finish_dot(acc, cx.remainder(), cy.remainder(), get)
 }
 
+/// The end of the float dot products: the tail (fewer than [`LANES`] elements) added into the
+/// first lanes, then the lanes reduced pairwise as ggml's `GGML_F32_VEC_REDUCE`.
 #[inline(always)]
-fn reduce(acc: &[f32; LANES]) -> f32 {
-    // pairwise, like ggml's GGML_F32_VEC_REDUCE
-    let mut v = *acc;
+pub(super) fn finish_dot<const W: usize>(
+    mut acc: [f32; LANES],
+    x_tail: &[u8],
+    y_tail: &[u8],
+    get: impl Fn([u8; W]) -> f32,
+) -> f32 {
+    let tail = x_tail.chunks_exact(W).zip(y_tail.chunks_exact(W));
+    for (a, (bx, by)) in acc.iter_mut().zip(tail) {
+        if let (Some(bx), Some(by)) = (bx.first_chunk::<W>(), by.first_chunk::<W>()) {
+            *a += get(*bx) * get(*by);
+        }
+    }
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
-            v[l] += v[l + width];
+            acc[l] += acc[l + width];
         }
         width /= 2;
     }
-    v[0]
+    acc[0]
+}
+
+/// An f16 element.
+#[inline(always)]
+pub(super) fn get_f16(b: [u8; 2]) -> f32 {
+    f16_to_f32(u16::from_le_bytes(b))
 }
 
 #[inline(always)]
 pub(super) fn vec_dot_f32(x: &[u8], y: &[u8]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (mut fx, mut fy) = ([0f32; CHUNK], [0f32; CHUNK]);
-    for (sx, sy) in x.chunks(4 * CHUNK).zip(y.chunks(4 * CHUNK)) {
-        let len = sx.len() / 4;
-        dequantize_f32(sx, &mut fx[..len]);
-        dequantize_f32(sy, &mut fy[..len]);
-        dot_lanes(&fx[..len], &fy[..len], &mut acc);
-    }
-    reduce(&acc)
+    dot::<4>(x, y, f32::from_le_bytes)
 }
 
 #[inline(always)]
 pub(super) fn vec_dot_f16(x: &[u8], y: &[u8]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (mut fx, mut fy) = ([0f32; CHUNK], [0f32; CHUNK]);
-    for (sx, sy) in x.chunks(2 * CHUNK).zip(y.chunks(2 * CHUNK)) {
-        let len = sx.len() / 2;
-        dequantize_f16(sx, &mut fx[..len]);
-        dequantize_f16(sy, &mut fy[..len]);
-        dot_lanes(&fx[..len], &fy[..len], &mut acc);
-    }
-    reduce(&acc)
+    dot::<2>(x, y, get_f16)
 }
 
 #[inline(always)]
 pub(super) fn vec_dot_bf16(x: &[u8], y: &[u8]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (mut fx, mut fy) = ([0f32; CHUNK], [0f32; CHUNK]);
-    for (sx, sy) in x.chunks(2 * CHUNK).zip(y.chunks(2 * CHUNK)) {
-        let len = sx.len() / 2;
-        dequantize_bf16(sx, &mut fx[..len]);
-        dequantize_bf16(sy, &mut fy[..len]);
-        dot_lanes(&fx[..len], &fy[..len], &mut acc);
-    }
-    reduce(&acc)
+    dot::<2>(x, y, |b| bf16_to_f32(u16::from_le_bytes(b)))
 }
 
 /// A bf16 value as the `half` crate's type (tests compare against it).

@@ -14,16 +14,22 @@
 //! | [`quantize_row`] | ggml-cpu's `from_float` on x86-64 (`ggml/src/ggml-cpu/arch/x86/quants.c`): for Q8_0/Q8_1 the AVX path (`d = amax/127`, multiplier `127/amax`, round half to even); Q8_K and the weight formats use the `_ref` functions (bit-exact) |
 //! | [`quantize_row_ref`] | `quantize_row_*_ref` in `ggml-quants.c` (`from_float_ref`; Q8_0/Q8_1 round half away from zero) |
 //! | [`vec_dot_type`] | `type_traits_cpu[].vec_dot_type` in `ggml/src/ggml-cpu/ggml-cpu.c` |
-//! | [`vec_dot`] | `ggml_vec_dot_*_generic` in `ggml/src/ggml-cpu/quants.c`: exact integer sums per block, scaled by the block's scales and summed in f32 in block order |
+//! | [`vec_dot`] | `ggml_vec_dot_*_generic` in `ggml/src/ggml-cpu/quants.c`: exact integer sums per block, scaled by the block's scales and summed in f32 in block order (ggml's generic Q3_K..Q6_K keep eight f32 lane sums across super-blocks; here each super-block's exact sum is scaled once, a rounding-level difference); F32/F16/BF16 in 32 f32 lanes |
 //!
 //! Lengths are checked: a row of `n` elements of a type with block size `B` and `S` bytes per
 //! block takes `n / B * S` bytes ([`row_size`]); `n` must be a multiple of `B`. Byte slices
 //! longer than needed are accepted (only their prefix is read or written), shorter ones are an
 //! [`Error::Backend`]. Nothing here panics on bad input.
 //!
-//! On x86-64 the dot products and dequantizers run in code compiled for AVX2+FMA+F16C when the
-//! CPU has them (runtime detection, module `simd`), with hand-written AVX2 integer kernels for
-//! the hottest formats; their results are bit-identical to the portable code.
+//! Speed: on x86-64 every kernel also exists compiled for AVX2+FMA+F16C and is picked at run
+//! time when the CPU has those (module `simd`; never AVX-512 or AMX). The dot products of F16,
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K are hand-written AVX2 integer kernels
+//! whose results are bit-identical to the portable code (same exact integer block sums, same
+//! f32 combination in the same order); the rest is portable code written to auto-vectorize.
+//!
+//! Module layout: `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
+//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `simd.rs` (dispatch and AVX2),
+//! `tests.rs`.
 
 mod float;
 mod k_quants;
@@ -300,10 +306,31 @@ fn quantize_target<'a>(type_id: u32, src: &[f32], dst: &'a mut [u8]) -> Result<&
     Ok(&mut dst[..need])
 }
 
-/// ggml's `GGML_FP16_TO_FP32` of a little-endian half.
+/// ggml's `GGML_FP16_TO_FP32` of a little-endian half (a block's scale: one value, through
+/// F16C where the CPU has it).
 #[inline(always)]
 fn fp16(lo: u8, hi: u8) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+}
+
+/// Exact f16 -> f32 without branches or tables, for arrays of halves (ggml's portable `ggml_compute_fp16_to_fp32`,
+/// after Maratyszcza's FP16 library), so loops over it vectorize: normal numbers, infinities
+/// and NaNs are rebiased through a multiplication by 2^-112, subnormals built with a magic
+/// bias.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let w = u32::from(h) << 16;
+    let sign = w & 0x8000_0000;
+    let two_w = w.wrapping_add(w);
+    // exponent rebias 0xE0 << 23, then scale by 2^-112
+    let normalized = f32::from_bits((two_w >> 4) + (0xE0 << 23)) * f32::from_bits(0x0780_0000);
+    let denormalized = f32::from_bits((two_w >> 17) | (126 << 23)) - 0.5;
+    let bits = if two_w < (1 << 27) {
+        denormalized.to_bits()
+    } else {
+        normalized.to_bits()
+    };
+    f32::from_bits(sign | bits)
 }
 
 /// ggml's `GGML_FP32_TO_FP16` (round to nearest even), little-endian bytes.

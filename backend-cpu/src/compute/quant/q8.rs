@@ -57,10 +57,43 @@ pub(super) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Largest magnitude in a block (`_mm256_max_ps` over `|x|`, as ggml's AVX code).
+/// `_mm_max_ps` / `_mm256_max_ps` on one lane: the second operand unless `a > b`.
 #[inline(always)]
-fn abs_max(x: &[f32]) -> f32 {
-    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+fn max_ps(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Largest `|x|` of a 32-element block computed as ggml's AVX quantizers do (so NaNs fall
+/// out the same way): eight lanes over the four 8-element vectors, then 8 -> 4 -> 2 -> 1.
+#[inline(always)]
+fn abs_max_avx(x: &[f32; QK32]) -> f32 {
+    let mut m = [0f32; 8];
+    for (k, c) in x.chunks_exact(8).enumerate() {
+        for (m, &v) in m.iter_mut().zip(c) {
+            // the first vector is taken as is (`maxAbs = |v0|`)
+            *m = if k == 0 { v.abs() } else { max_ps(*m, v.abs()) };
+        }
+    }
+    let h: [f32; 4] = std::array::from_fn(|l| max_ps(m[l + 4], m[l]));
+    let h = [max_ps(h[0], h[2]), max_ps(h[1], h[3])];
+    max_ps(h[0], h[1])
+}
+
+/// Largest `|x|` of a block with ggml's `if (ax > amax)` scan (NaNs skipped), in eight lanes
+/// so that it vectorizes (the maximum does not depend on the order).
+#[inline(always)]
+fn abs_max_scan(x: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    for c in x.chunks_exact(8) {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = max_ps(v.abs(), *m);
+        }
+    }
+    m.iter().fold(0f32, |acc, &v| max_ps(v, acc))
 }
 
 /// `_mm256_round_ps(v, _MM_ROUND_NEAREST)`, `_mm256_cvtps_epi32` and the saturating packs to
@@ -81,7 +114,10 @@ fn round_pack_i8(v: f32) -> i8 {
 #[inline(always)]
 pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK32).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
-        let amax = abs_max(x);
+        let Some(x) = x.first_chunk::<QK32>() else {
+            break;
+        };
+        let amax = abs_max_avx(x);
         let d = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         b[..2].copy_from_slice(&fp16_bytes(d));
@@ -96,7 +132,10 @@ pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 #[inline(always)]
 pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK32).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
-        let amax = abs_max(x);
+        let Some(x) = x.first_chunk::<QK32>() else {
+            break;
+        };
+        let amax = abs_max_avx(x);
         let d = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
@@ -151,14 +190,10 @@ pub(super) fn quantize_q8_1_ref(src: &[f32], dst: &mut [u8]) {
 #[inline(always)]
 pub(super) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(Q8_K_BYTES)) {
-        let mut max = 0f32;
-        let mut amax = 0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        // ggml scans for the first element of largest magnitude; the same element, found in
+        // two passes that vectorize
+        let amax = abs_max_scan(x);
+        let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         if amax == 0.0 {
             b.fill(0);
             continue;

@@ -3,16 +3,18 @@
 //! The portable kernels are `#[inline(always)]` functions; every entry point here instantiates
 //! one twice, as plain code and inside a function compiled for AVX2+FMA+F16C, and runs the
 //! latter when the CPU has those features, so the compiler auto-vectorizes the kernel with
-//! 256-bit instructions (default x86-64 code only has SSE2). The
-//! hottest dot products additionally have explicit AVX2 versions here that compute the same
-//! exact integer block sums as the portable code and combine them in f32 with the same scalar
-//! code in the same order, so their results are bit-identical (the tests check it).
+//! 256-bit instructions (default x86-64 code only has SSE2). The hottest dot products have
+//! explicit AVX2 versions instead: the quantized ones compute the same exact integer block
+//! sums as the portable code and combine them in f32 with the same scalar code in the same
+//! order, the F16 one keeps the portable code's 32 f32 lanes (multiply, then add), so their
+//! results are bit-identical (the tests check it).
 //!
 //! No AVX-512 and no AMX: AMX instructions die with SIGILL on machines that advertise but do
 //! not enable them.
 //!
-//! This is the only module of the crate allowed `unsafe` (see `lib.rs`): calling a
-//! `#[target_feature]` function, and the intrinsics' unaligned loads.
+//! `unsafe` is allowed here (`#[allow(unsafe_code)]` on the module, the crate denies it):
+//! calling `#[target_feature]` functions after the run-time check, and the intrinsics'
+//! unaligned loads and stores, each inside the arrays it is given.
 
 use super::{float, k_quants, q4, q5, q8};
 
@@ -82,11 +84,7 @@ multiversion! {
     quantize_q8_k(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_k;
 
     vec_dot_f32(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_f32;
-    vec_dot_f16(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_f16;
     vec_dot_bf16(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_bf16;
-    vec_dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 = q4::vec_dot_q4_1_q8_1;
-    vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 = q5::vec_dot_q5_0_q8_0;
-    vec_dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 = q5::vec_dot_q5_1_q8_1;
     vec_dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q2_k_q8_k;
     vec_dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q3_k_q8_k;
 }
@@ -113,6 +111,14 @@ macro_rules! avx2_or_portable {
 }
 
 avx2_or_portable! {
+    /// F16 x F16 (`x`, `y` of equal length).
+    vec_dot_f16 => x86::vec_dot_f16, float::vec_dot_f16;
+    /// Q4_1 x Q8_1 over whole blocks.
+    vec_dot_q4_1_q8_1 => x86::vec_dot_q4_1_q8_1, q4::vec_dot_q4_1_q8_1;
+    /// Q5_0 x Q8_0 over whole blocks.
+    vec_dot_q5_0_q8_0 => x86::vec_dot_q5_0_q8_0, q5::vec_dot_q5_0_q8_0;
+    /// Q5_1 x Q8_1 over whole blocks.
+    vec_dot_q5_1_q8_1 => x86::vec_dot_q5_1_q8_1, q5::vec_dot_q5_1_q8_1;
     /// Q4_0 x Q8_0 over whole blocks (`x`, `y` exact multiples of the block sizes).
     vec_dot_q4_0_q8_0 => x86::vec_dot_q4_0_q8_0, q4::vec_dot_q4_0_q8_0;
     /// Q8_0 x Q8_0 over whole blocks.
@@ -130,12 +136,14 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::sync::atomic::{AtomicU8, Ordering};
 
+    use super::super::float::{finish_dot, get_f16, LANES};
     use super::super::k_quants::{
         combine_k4, k4_scales, mins_dot, q6_k_scales, sum_blocks, Q4_K_BYTES, Q5_K_BYTES,
         Q6_K_BYTES,
     };
-    use super::super::q4::Q4_0_BYTES;
-    use super::super::q8::Q8_0_BYTES;
+    use super::super::q4::{Q4_0_BYTES, Q4_1_BYTES};
+    use super::super::q5::{Q5_0_BYTES, Q5_1_BYTES};
+    use super::super::q8::{Q8_0_BYTES, Q8_1_BYTES};
     use super::super::{fp16, QK_K};
 
     /// 0: not probed yet, 1: no AVX2+FMA+F16C, 2: yes.
@@ -222,12 +230,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn block_dot_q4_0(x: &[u8; Q4_0_BYTES], y: &[u8; Q8_0_BYTES]) -> i32 {
-        let qs = load16(x, 2);
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(qs, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
-        // elements 0..16 are the low nibbles, 16..32 the high ones
-        let q4 = _mm256_set_m128i(hi, lo);
+        let q4 = q4_32(x, 2);
         let q8 = load32(y, 2);
         let qy = dot_u8_i8(q4, q8);
         let ysum = dot_u8_i8(_mm256_set1_epi8(8), q8);
@@ -276,6 +279,136 @@ mod x86 {
             };
             let sumi = block_dot_q8_0(xb, yb);
             sumf += sumi as f32 * (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1]));
+        }
+        sumf
+    }
+
+    /// F16 x F16 row: the 32 lanes of `float::vec_dot_f16` as four vectors of eight, with the
+    /// same multiply-then-add per lane, tail and reduction, so the result is bit-identical.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_f16(x: &[u8], y: &[u8]) -> f32 {
+        const STEP: usize = 2 * LANES;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut cx = x.chunks_exact(STEP);
+        let mut cy = y.chunks_exact(STEP);
+        for (bx, by) in (&mut cx).zip(&mut cy) {
+            let (Some(bx), Some(by)) = (bx.first_chunk::<STEP>(), by.first_chunk::<STEP>()) else {
+                break;
+            };
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let vx = _mm256_cvtph_ps(load16(bx, 16 * k));
+                let vy = _mm256_cvtph_ps(load16(by, 16 * k));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(vx, vy));
+            }
+        }
+        let mut lanes = [0f32; LANES];
+        for (k, acc) in acc.iter().enumerate() {
+            // SAFETY: lanes 8k..8k+8 of the 32-lane array; `storeu` needs no alignment.
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc);
+        }
+        finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16)
+    }
+
+    /// The 32 bits of a Q5 block's `qh` as bytes: 16 where the element's bit is set, else 0
+    /// (byte `e` for element `e`, matching the nibble order of [`q4_32`]).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn q5_high_bits(qh: [u8; 4]) -> __m256i {
+        let v = _mm256_set1_epi32(i32::from_le_bytes(qh));
+        // byte e takes byte e / 8 of qh ...
+        let spread = _mm256_shuffle_epi8(
+            v,
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        // ... and tests its bit e % 8
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
+    /// The 32 nibbles of 16 bytes at `at` in element order: low nibbles (elements 0..16),
+    /// then high nibbles (16..32).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn q4_32<const N: usize>(b: &[u8; N], at: usize) -> __m256i {
+        let qs = load16(b, at);
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(qs, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Q4_1 x Q8_1 row: the loop of `q4::vec_dot_q4_1_q8_1` with an AVX2 block sum.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+        let mut sumf = 0f32;
+        for (xb, yb) in x.chunks_exact(Q4_1_BYTES).zip(y.chunks_exact(Q8_1_BYTES)) {
+            let (Some(xb), Some(yb)) = (
+                xb.first_chunk::<Q4_1_BYTES>(),
+                yb.first_chunk::<Q8_1_BYTES>(),
+            ) else {
+                break;
+            };
+            let sumi = hsum_i32(dot_u8_i8(q4_32(xb, 4), load32(yb, 4)));
+            sumf += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * sumi as f32
+                + fp16(xb[2], xb[3]) * fp16(yb[2], yb[3]);
+        }
+        sumf
+    }
+
+    /// Q5_0 x Q8_0 row: the loop of `q5::vec_dot_q5_0_q8_0` with an AVX2 block sum
+    /// (`sum(q * y) - 16 * sum(y)`, `q` unsigned).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+        let mut sumf = 0f32;
+        for (xb, yb) in x.chunks_exact(Q5_0_BYTES).zip(y.chunks_exact(Q8_0_BYTES)) {
+            let (Some(xb), Some(yb)) = (
+                xb.first_chunk::<Q5_0_BYTES>(),
+                yb.first_chunk::<Q8_0_BYTES>(),
+            ) else {
+                break;
+            };
+            let q = _mm256_or_si256(q4_32(xb, 6), q5_high_bits([xb[2], xb[3], xb[4], xb[5]]));
+            let q8 = load32(yb, 2);
+            let d = _mm256_sub_epi32(dot_u8_i8(q, q8), dot_u8_i8(_mm256_set1_epi8(16), q8));
+            let sumi = hsum_i32(d);
+            sumf += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * sumi as f32;
+        }
+        sumf
+    }
+
+    /// Q5_1 x Q8_1 row: the loop of `q5::vec_dot_q5_1_q8_1` with an AVX2 block sum.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+        let mut sumf = 0f32;
+        for (xb, yb) in x.chunks_exact(Q5_1_BYTES).zip(y.chunks_exact(Q8_1_BYTES)) {
+            let (Some(xb), Some(yb)) = (
+                xb.first_chunk::<Q5_1_BYTES>(),
+                yb.first_chunk::<Q8_1_BYTES>(),
+            ) else {
+                break;
+            };
+            let q = _mm256_or_si256(q4_32(xb, 8), q5_high_bits([xb[4], xb[5], xb[6], xb[7]]));
+            let sumi = hsum_i32(dot_u8_i8(q, load32(yb, 4)));
+            sumf += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * sumi as f32
+                + fp16(xb[2], xb[3]) * fp16(yb[2], yb[3]);
         }
         sumf
     }

@@ -670,6 +670,19 @@ fn quant_f16_and_bf16_round_to_nearest_even() {
     }
 }
 
+#[test]
+fn quant_f16_to_f32_is_exact_for_every_half() {
+    for h in 0..=u16::MAX {
+        let want = half::f16::from_bits(h).to_f32();
+        let got = f16_to_f32(h);
+        if want.is_nan() {
+            assert!(got.is_nan(), "{h:#06x}");
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Round trips
 
@@ -870,6 +883,43 @@ fn quant_avx2_kernels_match_portable_bit_for_bit() {
             simd::vec_dot_q8_0_q8_0(&x8, &y8).to_bits(),
             q8::vec_dot_q8_0_q8_0(&x8, &y8).to_bits()
         );
+        // Q4_1 / Q5_0 / Q5_1 against Q8_0 / Q8_1 with random bytes (f16 fields made finite)
+        let mut x41 = rng.bytes(20 * blocks);
+        let mut x50 = rng.bytes(22 * blocks);
+        let mut x51 = rng.bytes(24 * blocks);
+        let mut y81 = rng.bytes(36 * blocks);
+        for b in x41
+            .chunks_exact_mut(20)
+            .chain(x51.chunks_exact_mut(24))
+            .chain(y81.chunks_exact_mut(36))
+        {
+            b[..2].copy_from_slice(&f16_bits(rng.unit()));
+            b[2..4].copy_from_slice(&f16_bits(rng.unit() * 4.0));
+        }
+        for b in x50.chunks_exact_mut(22) {
+            b[..2].copy_from_slice(&f16_bits(rng.unit()));
+        }
+        assert_eq!(
+            simd::vec_dot_q4_1_q8_1(&x41, &y81).to_bits(),
+            q4::vec_dot_q4_1_q8_1(&x41, &y81).to_bits()
+        );
+        assert_eq!(
+            simd::vec_dot_q5_0_q8_0(&x50, &y8).to_bits(),
+            q5::vec_dot_q5_0_q8_0(&x50, &y8).to_bits()
+        );
+        assert_eq!(
+            simd::vec_dot_q5_1_q8_1(&x51, &y81).to_bits(),
+            q5::vec_dot_q5_1_q8_1(&x51, &y81).to_bits()
+        );
+        // F16 rows of every length around the 32-lane steps
+        let len = round * 7 + (round % 3) * 32;
+        let fx = quant(ty::F16, &rng.floats(len));
+        let fy = quant(ty::F16, &rng.floats(len));
+        assert_eq!(
+            simd::vec_dot_f16(&fx, &fy).to_bits(),
+            float::vec_dot_f16(&fx, &fy).to_bits(),
+            "f16 length {len}"
+        );
         // K-quants against random Q8_K bytes (bsums need not match the quants: both paths
         // read them the same way)
         let mut yk = rng.bytes(292 * blocks);
@@ -894,23 +944,88 @@ fn quant_avx2_kernels_match_portable_bit_for_bit() {
     }
 }
 
-/// Dequantization through the dispatcher (AVX2-compiled) equals the portable code.
+/// The AVX2-compiled instances of the portable kernels (dequantizers, quantizers, the other
+/// dot products) give the same bits as the plain ones.
 #[test]
-fn quant_dispatched_dequantize_matches_portable() {
+fn quant_multiversioned_kernels_match_portable() {
+    type Deq = fn(&[u8], &mut [f32]);
     let mut rng = Rng::new(17);
     let n = 512;
-    for t in [ty::Q2_K, ty::Q3_K, ty::Q4_K, ty::Q5_K, ty::Q6_K] {
-        let x = random_k_row(&mut rng, t, n / 256);
-        let got = deq(t, &x, n);
-        let mut portable = vec![0f32; n];
-        match t {
-            ty::Q2_K => k_quants::dequantize_q2_k(&x, &mut portable),
-            ty::Q3_K => k_quants::dequantize_q3_k(&x, &mut portable),
-            ty::Q4_K => k_quants::dequantize_q4_k(&x, &mut portable),
-            ty::Q5_K => k_quants::dequantize_q5_k(&x, &mut portable),
-            _ => k_quants::dequantize_q6_k(&x, &mut portable),
-        }
-        assert_eq!(got, portable, "type {t}");
+    let deqs: [(u32, Deq, Deq); 15] = [
+        (ty::F32, simd::dequantize_f32, float::dequantize_f32),
+        (ty::F16, simd::dequantize_f16, float::dequantize_f16),
+        (ty::BF16, simd::dequantize_bf16, float::dequantize_bf16),
+        (ty::Q4_0, simd::dequantize_q4_0, q4::dequantize_q4_0),
+        (ty::Q4_1, simd::dequantize_q4_1, q4::dequantize_q4_1),
+        (ty::Q5_0, simd::dequantize_q5_0, q5::dequantize_q5_0),
+        (ty::Q5_1, simd::dequantize_q5_1, q5::dequantize_q5_1),
+        (ty::Q8_0, simd::dequantize_q8_0, q8::dequantize_q8_0),
+        (ty::Q8_1, simd::dequantize_q8_1, q8::dequantize_q8_1),
+        (ty::Q8_K, simd::dequantize_q8_k, q8::dequantize_q8_k),
+        (ty::Q2_K, simd::dequantize_q2_k, k_quants::dequantize_q2_k),
+        (ty::Q3_K, simd::dequantize_q3_k, k_quants::dequantize_q3_k),
+        (ty::Q4_K, simd::dequantize_q4_k, k_quants::dequantize_q4_k),
+        (ty::Q5_K, simd::dequantize_q5_k, k_quants::dequantize_q5_k),
+        (ty::Q6_K, simd::dequantize_q6_k, k_quants::dequantize_q6_k),
+    ];
+    for (t, fast, portable) in deqs {
+        let x = match t {
+            ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => {
+                random_k_row(&mut rng, t, n / 256)
+            }
+            ty::Q8_1 => quant(t, &rng.floats(n)),
+            _ => quant_ref(t, &rng.floats(n)),
+        };
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        fast(&x, &mut a);
+        portable(&x, &mut b);
+        let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
+        assert!(same, "dequantize type {t}");
+    }
+
+    type Quant = fn(&[f32], &mut [u8]);
+    let quants: [(u32, Quant, Quant); 6] = [
+        (ty::F32, simd::quantize_f32, float::quantize_f32),
+        (ty::F16, simd::quantize_f16, float::quantize_f16),
+        (ty::BF16, simd::quantize_bf16, float::quantize_bf16),
+        (ty::Q8_0, simd::quantize_q8_0, q8::quantize_q8_0),
+        (ty::Q8_1, simd::quantize_q8_1, q8::quantize_q8_1),
+        (ty::Q8_K, simd::quantize_q8_k, q8::quantize_q8_k),
+    ];
+    let mut src = rng.floats(n);
+    src[5] = f32::NAN;
+    src[300] = f32::INFINITY;
+    for (t, fast, portable) in quants {
+        let size = row_size(t, n).unwrap();
+        let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
+        fast(&src, &mut a);
+        portable(&src, &mut b);
+        assert_eq!(a, b, "quantize type {t}");
+    }
+
+    type Dot = fn(&[u8], &[u8]) -> f32;
+    let dots: [(u32, Dot, Dot); 4] = [
+        (ty::F32, simd::vec_dot_f32, float::vec_dot_f32),
+        (ty::BF16, simd::vec_dot_bf16, float::vec_dot_bf16),
+        (
+            ty::Q2_K,
+            simd::vec_dot_q2_k_q8_k,
+            k_quants::vec_dot_q2_k_q8_k,
+        ),
+        (
+            ty::Q3_K,
+            simd::vec_dot_q3_k_q8_k,
+            k_quants::vec_dot_q3_k_q8_k,
+        ),
+    ];
+    for (t, fast, portable) in dots {
+        let x = random_weights(&mut rng, t, n);
+        let y = quant(vec_dot_type(t).unwrap(), &rng.floats(n));
+        assert_eq!(
+            fast(&x, &y).to_bits(),
+            portable(&x, &y).to_bits(),
+            "vec_dot type {t}"
+        );
     }
 }
 

@@ -1,0 +1,84 @@
+//! ADD, SUB, MUL, DIV (with ggml's broadcasting of src1), ADD1 and the element-wise maps.
+//!
+//! As in ggml's `binary-ops.cpp`: each destination row `(i1, i2, i3)` combines row
+//! `(i1, i2, i3)` of src0 with row `(i1 % ne11, i2 % ne12, i3 % ne13)` of src1, element `i0`
+//! with element `i0 % ne10`; both are read as f32, combined in f32 and stored in the
+//! destination type. Either source may be the destination itself (in-place ops).
+
+use proto_core::Result;
+
+use crate::compute::memory::Dst;
+use crate::compute::plan::{BinaryOp, MapOp};
+
+use super::{map_rows, Node};
+
+pub(super) fn binary(node: &Node<'_>, dst: Dst<'_>, op: BinaryOp) -> Result<()> {
+    let a = node.input(0)?;
+    let b = node.input(1)?;
+    let bl = *b.layout();
+    let ne10 = bl.ne[0];
+    map_rows(
+        node,
+        dst,
+        a,
+        1,
+        || (vec![0.0f32; ne10], Vec::new()),
+        |(row, scratch), part, [i1, i2, i3], x, y| {
+            b.load_f32(
+                part,
+                [i1 % bl.ne[1], i2 % bl.ne[2], i3 % bl.ne[3]],
+                row,
+                scratch,
+            )?;
+            for (ys, xs) in y.chunks_mut(ne10).zip(x.chunks(ne10)) {
+                let pairs = ys.iter_mut().zip(xs).zip(row.iter());
+                match op {
+                    BinaryOp::Add => pairs.for_each(|((y, &a), &b)| *y = a + b),
+                    BinaryOp::Sub => pairs.for_each(|((y, &a), &b)| *y = a - b),
+                    BinaryOp::Mul => pairs.for_each(|((y, &a), &b)| *y = a * b),
+                    BinaryOp::Div => pairs.for_each(|((y, &a), &b)| *y = a / b),
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn add1(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
+    let a = node.input(0)?;
+    let b = node.input(1)?;
+    map_rows(
+        node,
+        dst,
+        a,
+        1,
+        || (vec![0.0f32; 1], Vec::new()),
+        |(scalar, scratch), part, _, x, y| {
+            // the scalar is re-read per row: it may be the (one-element) destination itself
+            b.load_f32(part, [0, 0, 0], scalar, scratch)?;
+            let v = scalar[0];
+            y.iter_mut().zip(x).for_each(|(y, &x)| *y = x + v);
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn map(node: &Node<'_>, dst: Dst<'_>, op: MapOp) -> Result<()> {
+    let a = node.input(0)?;
+    // transcendental maps cost more per element than a multiply
+    let cost = match op {
+        MapOp::Abs | MapOp::Neg | MapOp::Sqr | MapOp::Relu | MapOp::Scale { .. } => 1,
+        _ => 8,
+    };
+    map_rows(
+        node,
+        dst,
+        a,
+        cost,
+        || (),
+        |_, _, _, x, y| {
+            op.apply(x, y);
+            Ok(())
+        },
+    )
+}

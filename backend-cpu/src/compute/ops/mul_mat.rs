@@ -1,0 +1,292 @@
+//! MUL_MAT and MUL_MAT_ID.
+//!
+//! `dst[i0, i1, i2, i3] = Σ_k w[k, i0, i2 / r2, i3 / r3] · x[k, i1, i2, i3]` with
+//! `r2 = ne12 / ne02`, `r3 = ne13 / ne03` (ggml's broadcasting of the weights over dims 2, 3).
+//!
+//! As ggml-cpu does (`ggml_compute_forward_mul_mat`), the activations are first converted to
+//! the weights' `vec_dot_type`, once per node:
+//! * F32 weights: used as they are; F16 / BF16 weights: each activation rounded to F16 / BF16
+//!   (ggml's `from_float`), so the products are the ones ggml forms; the dot products then run
+//!   in f32 on the weights widened to f32 (exact);
+//! * quantized weights: activation rows quantized with `quant::quantize_row` into
+//!   `quant::vec_dot_type(w)` (Q8_0, Q8_1, Q8_K...), and `quant::vec_dot` does the dot product.
+//!
+//! Work is split into tiles of destination rows (activation rows) by destination columns
+//! (weight rows); float weight rows are widened to f32 once per tile. Every output element is
+//! one dot product over the whole `k`, whatever the tiling, so the result does not depend on
+//! the thread count.
+//!
+//! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
+//! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
+//! ranges over all rows, grouped by expert inside a part so each expert's weights are widened
+//! once per part.
+
+use proto_core::ggml::type_info;
+use proto_core::ggml::types::id as ty;
+use proto_core::{Error, Result};
+
+use crate::compute::memory::{Dst, DstPart};
+use crate::compute::quant;
+use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
+
+use super::{dot, Node};
+
+/// Bytes of widened weights a tile aims for (fits in L2 next to the activations).
+const TILE_WEIGHT_BYTES: usize = 128 << 10;
+
+/// Activation rows per tile.
+const TILE_ROWS: usize = 64;
+
+/// The activations, converted once per node.
+enum Prepared {
+    /// f32 values (rounded through F16/BF16 for such weights), `k` per row.
+    Float(Vec<f32>),
+    /// Rows in the weights' `vec_dot_type`, `stride` bytes each.
+    Quant { stride: usize, bytes: Vec<u8> },
+}
+
+impl Prepared {
+    /// Converts every row of `x` (in the order of `x.layout.row_index`).
+    fn new(node: &Node<'_>, weight_type: u32, x: &SrcView<'_>) -> Result<Prepared> {
+        let k = x.layout.ne[0];
+        let rows = x.layout.rows();
+        let chunk = node.pool.chunk(rows, k * 4);
+        match Scalar::float(weight_type) {
+            Some(scalar) => {
+                let mut values = vec![0.0f32; rows * k];
+                let items: Vec<(usize, &mut [f32])> = values
+                    .chunks_mut(chunk * k)
+                    .enumerate()
+                    .map(|(i, c)| (i * chunk, c))
+                    .collect();
+                node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
+                    for (n, row) in out.chunks_mut(k).enumerate() {
+                        x.load_f32(x.layout.row_index(first + n), row)?;
+                        match scalar {
+                            Scalar::F16 => row.iter_mut().for_each(|v| *v = round_f16(*v)),
+                            Scalar::Bf16 => row.iter_mut().for_each(|v| *v = round_bf16(*v)),
+                            Scalar::F32 | Scalar::I32 => {}
+                        }
+                    }
+                    Ok(())
+                })?;
+                Ok(Prepared::Float(values))
+            }
+            None => {
+                let vdt = quant::vec_dot_type(weight_type)
+                    .ok_or_else(|| internal("quantized weights without a vec_dot_type"))?;
+                let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
+                let stride = k / info.block_size as usize * info.type_size as usize;
+                let mut bytes = vec![0u8; rows * stride];
+                let items: Vec<(usize, &mut [u8])> = bytes
+                    .chunks_mut((chunk * stride).max(1))
+                    .enumerate()
+                    .map(|(i, c)| (i * chunk, c))
+                    .collect();
+                node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
+                    let mut row = vec![0.0f32; k];
+                    for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
+                        x.load_f32(x.layout.row_index(first + n), &mut row)?;
+                        quant::quantize_row(vdt, &row, dst)?;
+                    }
+                    Ok(())
+                })?;
+                Ok(Prepared::Quant { stride, bytes })
+            }
+        }
+    }
+}
+
+/// The weights as a kernel reads them.
+struct Weights<'a> {
+    view: SrcView<'a>,
+    /// `Some` for float weights (widened per tile), `None` for quantized ones.
+    scalar: Option<Scalar>,
+    k: usize,
+}
+
+impl Weights<'_> {
+    /// Widens weight rows `cols` of matrix `(i2, i3)` into `tile`, `k` values per row.
+    fn widen(
+        &self,
+        cols: std::ops::Range<usize>,
+        i2: usize,
+        i3: usize,
+        tile: &mut [f32],
+    ) -> Result<()> {
+        for (c, out) in cols.zip(tile.chunks_mut(self.k)) {
+            self.view.load_f32([c, i2, i3], out)?;
+        }
+        Ok(())
+    }
+
+    /// Dot products of weight rows `cols` of matrix `(i2, i3)` with activation row `row` into
+    /// `out`; `tile` holds the widened float weights of those rows.
+    fn dots(
+        &self,
+        prepared: &Prepared,
+        row: usize,
+        cols: std::ops::Range<usize>,
+        (i2, i3): (usize, usize),
+        tile: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let k = self.k;
+        match prepared {
+            Prepared::Float(values) => {
+                let y = &values[row * k..(row + 1) * k];
+                for (o, w) in out.iter_mut().zip(tile.chunks(k)) {
+                    *o = dot(w, y);
+                }
+            }
+            Prepared::Quant { stride, bytes } => {
+                let y = &bytes[row * stride..(row + 1) * stride];
+                for (o, c) in out.iter_mut().zip(cols) {
+                    *o =
+                        quant::vec_dot(self.view.layout.type_id, k, self.view.row([c, i2, i3]), y)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-thread buffers of the tile loops.
+#[derive(Default)]
+struct Scratch {
+    /// Widened float weights, `k` per weight row of the tile.
+    tile: Vec<f32>,
+    /// One output row segment.
+    out: Vec<f32>,
+    /// The same, encoded.
+    bytes: Vec<u8>,
+}
+
+impl Scratch {
+    /// Sizes the buffers for tiles `width` weight rows wide (`k` widened values each).
+    fn size(&mut self, width: usize, k: usize) {
+        self.tile.resize(width * k, 0.0);
+        self.out.resize(width, 0.0);
+        self.bytes.resize(width * 4, 0);
+    }
+}
+
+/// Weight rows per tile.
+fn col_chunk(k: usize, float: bool) -> usize {
+    if float {
+        (TILE_WEIGHT_BYTES / (4 * k.max(1))).clamp(4, 64)
+    } else {
+        64
+    }
+}
+
+/// Writes zeros everywhere (a product over an empty `k`).
+fn zeros(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let layout = *dst.layout();
+    let zero = vec![0u8; layout.row_bytes()];
+    let parts = dst.split_rows(layout.rows());
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        for r in part.rows() {
+            part.write(r, 0, &zero)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let (w, x) = (node.view(0)?, node.view(1)?);
+    let layout = *dst.layout();
+    if layout.type_id != ty::F32 {
+        return Err(internal("MUL_MAT into a non-F32 destination"));
+    }
+    let k = w.layout.ne[0];
+    if k == 0 {
+        return zeros(node, dst);
+    }
+    let weights = Weights {
+        view: w,
+        scalar: Scalar::float(w.layout.type_id),
+        k,
+    };
+    let prepared = Prepared::new(node, w.layout.type_id, &x)?;
+    let (r2, r3) = (
+        x.layout.ne[2] / w.layout.ne[2],
+        x.layout.ne[3] / w.layout.ne[3],
+    );
+    let cols = col_chunk(k, weights.scalar.is_some());
+    let parts = dst.split_grid(TILE_ROWS, cols);
+    node.pool.run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+        let cols = part.cols();
+        scratch.size(cols.len(), if weights.scalar.is_some() { k } else { 0 });
+        let mut widened: Option<(usize, usize)> = None;
+        for r in part.rows() {
+            let [i1, i2, i3] = layout.row_index(r);
+            let matrix = (i2 / r2, i3 / r3);
+            if weights.scalar.is_some() && widened != Some(matrix) {
+                weights.widen(cols.clone(), matrix.0, matrix.1, &mut scratch.tile)?;
+                widened = Some(matrix);
+            }
+            let row = x.layout.row_number([i1, i2, i3]);
+            weights.dots(&prepared, row, cols.clone(), matrix, &scratch.tile, &mut scratch.out)?;
+            encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
+            part.write(r, cols.start, &scratch.bytes)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let (w, x, ids) = (node.view(0)?, node.view(1)?, node.view(2)?);
+    let layout = *dst.layout();
+    if layout.type_id != ty::F32 {
+        return Err(internal("MUL_MAT_ID into a non-F32 destination"));
+    }
+    let n_experts = w.layout.ne[2];
+    // dst rows are (slot, token); each names an expert, all checked before any write
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); n_experts];
+    for r in 0..layout.rows() {
+        let [slot, token, _] = layout.row_index(r);
+        let id = ids.index_at([slot, token, 0, 0]);
+        let expert =
+            usize::try_from(id)
+                .ok()
+                .filter(|&e| e < n_experts)
+                .ok_or(Error::OutOfBounds(
+                    "MUL_MAT_ID expert id outside the experts",
+                ))?;
+        by_expert[expert].push(r);
+    }
+    let k = w.layout.ne[0];
+    if k == 0 {
+        return zeros(node, dst);
+    }
+    let weights = Weights {
+        view: w,
+        scalar: Scalar::float(w.layout.type_id),
+        k,
+    };
+    let prepared = Prepared::new(node, w.layout.type_id, &x)?;
+    let ne11 = x.layout.ne[1];
+    let cols = col_chunk(k, weights.scalar.is_some());
+    let parts = dst.split_grid(layout.rows(), cols);
+    node.pool.run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+        let cols = part.cols();
+        let rows = part.rows();
+        scratch.size(cols.len(), if weights.scalar.is_some() { k } else { 0 });
+        for (expert, users) in by_expert.iter().enumerate() {
+            let mut widened = false;
+            for &r in users.iter().filter(|r| rows.contains(r)) {
+                if weights.scalar.is_some() && !widened {
+                    weights.widen(cols.clone(), expert, 0, &mut scratch.tile)?;
+                    widened = true;
+                }
+                let [slot, token, _] = layout.row_index(r);
+                let row = x.layout.row_number([slot % ne11, token, 0]);
+                weights.dots(&prepared, row, cols.clone(), (expert, 0), &scratch.tile, &mut scratch.out)?;
+                encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
+                part.write(r, cols.start, &scratch.bytes)?;
+            }
+        }
+        Ok(())
+    })
+}

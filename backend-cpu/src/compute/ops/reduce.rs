@@ -1,0 +1,83 @@
+//! SUM_ROWS, MEAN, SUM and ARGMAX.
+//!
+//! Sums accumulate in f64 and round to f32 once, as ggml's `ggml_vec_sum_f32` (a `ggml_float`
+//! accumulator) does; MEAN then divides the f32 sum by `ne0` in f32. ARGMAX keeps ggml's tie
+//! rule: the last index holding the maximum (`ggml_vec_argmax_f32`).
+
+use proto_core::Result;
+
+use crate::compute::memory::{Dst, DstPart};
+use crate::compute::view::encode;
+
+use super::{c_max, dst_scalar, Node};
+
+fn row_sum(x: &[f32]) -> f64 {
+    x.iter().map(|&v| f64::from(v)).sum()
+}
+
+pub(super) fn sum_rows(node: &Node<'_>, mut dst: Dst<'_>, mean: bool) -> Result<()> {
+    let a = node.view(0)?;
+    let layout = *dst.layout();
+    let scalar = dst_scalar(&layout)?;
+    let ne00 = a.layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), ne00);
+    let parts = dst.split_rows(chunk);
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        let mut x = vec![0.0f32; ne00];
+        let mut bytes = vec![0u8; scalar.size()];
+        for r in part.rows() {
+            let idx = layout.row_index(r);
+            a.load_f32(idx, &mut x)?;
+            let mut value = row_sum(&x) as f32;
+            if mean {
+                value /= ne00 as f32;
+            }
+            encode(scalar, &[value], &mut bytes);
+            part.write(r, 0, &bytes)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn sum(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let a = node.view(0)?;
+    let layout = *dst.layout();
+    let scalar = dst_scalar(&layout)?;
+    let al = a.layout;
+    let mut x = vec![0.0f32; al.ne[0]];
+    let mut total = 0.0f64;
+    for r in 0..al.rows() {
+        a.load_f32(al.row_index(r), &mut x)?;
+        total += row_sum(&x);
+    }
+    let mut bytes = vec![0u8; scalar.size()];
+    encode(scalar, &[total as f32], &mut bytes);
+    for mut part in dst.split_rows(1) {
+        part.write(0, 0, &bytes)?;
+    }
+    Ok(())
+}
+
+pub(super) fn argmax(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let a = node.view(0)?;
+    let al = a.layout;
+    let mut x = vec![0.0f32; al.ne[0]];
+    let mut out = Vec::with_capacity(al.ne[1] * 4);
+    for i1 in 0..al.ne[1] {
+        a.load_f32([i1, 0, 0], &mut x)?;
+        let mut max = f32::NEG_INFINITY;
+        let mut index = 0i32;
+        for (i, &v) in x.iter().enumerate() {
+            max = c_max(max, v);
+            if max == v {
+                index = i32::try_from(i).unwrap_or(i32::MAX);
+            }
+        }
+        out.extend_from_slice(&index.to_le_bytes());
+    }
+    // the destination is one row of ne01 I32 values
+    for mut part in dst.split_rows(1) {
+        part.write(0, 0, &out)?;
+    }
+    Ok(())
+}

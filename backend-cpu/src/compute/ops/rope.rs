@@ -1,0 +1,207 @@
+//! ROPE, as `ggml_compute_forward_rope_flt` (forward direction) computes it.
+//!
+//! For token `i2` at position `p = pos[i2]` the kernel builds a cache of `(cos, sin)` pairs
+//! (`ggml_rope_cache_init`): `theta_0 = p`, `theta_{k+1} = theta_k * base^(-2/n_dims)`, each
+//! divided by its frequency factor (src2) when present and passed through YaRN
+//! (`rope_yarn`: interpolation `freq_scale * theta`, mixed with extrapolation over the
+//! correction range by `ext_factor`, magnitude `attn_factor`, times `1 + 0.1 ln(1/freq_scale)`
+//! when `ext_factor != 0`). Then every head's row rotates pairs:
+//! * normal mode: `(x[i], x[i+1])`;
+//! * neox and the multi-section modes: `(x[i], x[i + n_dims/2])`;
+//! * vision: `(x[i], x[i + n_dims])` over the whole row;
+//!
+//! and dimensions from `n_dims` on are copied. Multi-section modes take four positions per
+//! token (`pos[i2 + k ne2]`) and pick one per rotated pair by section
+//! (`ggml_mrope_cache_init`).
+
+use std::f32::consts::PI;
+
+use proto_core::Result;
+
+use crate::compute::memory::Dst;
+use crate::compute::plan::{rope_mode, RopeParams};
+use crate::compute::view::SrcView;
+
+use super::{c_max, c_min, map_rows, Node};
+
+/// `ggml_rope_yarn_corr_dims`: the dimension range over which YaRN blends.
+fn corr_dims(p: &RopeParams) -> [f32; 2] {
+    let n_dims = p.n_dims as f32;
+    let dim = |n_rot: f32| {
+        n_dims * (p.n_ctx_orig as f32 / (n_rot * 2.0 * PI)).ln() / (2.0 * p.freq_base.ln())
+    };
+    let start = dim(p.beta_fast).floor();
+    let end = dim(p.beta_slow).ceil();
+    [c_max(0.0, start), c_min(n_dims - 1.0, end)]
+}
+
+fn yarn_ramp(low: f32, high: f32, i0: usize) -> f32 {
+    let y = ((i0 / 2) as f32 - low) / c_max(0.001, high - low);
+    1.0 - c_min(1.0, c_max(0.0, y))
+}
+
+/// `rope_yarn`: `(cos, sin)` of one pair.
+fn rope_yarn(theta_extrap: f32, p: &RopeParams, corr: [f32; 2], i0: usize) -> (f32, f32) {
+    let theta_interp = p.freq_scale * theta_extrap;
+    let mut theta = theta_interp;
+    let mut mscale = p.attn_factor;
+    if p.ext_factor != 0.0 {
+        let ramp_mix = yarn_ramp(corr[0], corr[1], i0) * p.ext_factor;
+        theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+        mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+    }
+    (theta.cos() * mscale, theta.sin() * mscale)
+}
+
+/// Per-token cache of `(cos, sin)` pairs, `cache[i0]` and `cache[i0 + 1]`.
+struct Cache {
+    token: Option<usize>,
+    values: Vec<f32>,
+}
+
+struct Rope<'a> {
+    p: RopeParams,
+    corr: [f32; 2],
+    theta_scale: f32,
+    positions: SrcView<'a>,
+    factors: Option<SrcView<'a>>,
+    ne2: usize,
+    /// Pairs the cache needs: `n_dims` dimensions, or the whole row in vision mode.
+    width: usize,
+}
+
+impl Rope<'_> {
+    fn factor(&self, i0: usize) -> f32 {
+        match &self.factors {
+            Some(f) if i0 / 2 < f.layout.ne[0] => f.value([i0 / 2, 0, 0, 0]),
+            _ => 1.0,
+        }
+    }
+
+    fn position(&self, i: usize) -> f32 {
+        self.positions.index_at([i, 0, 0, 0]) as f32
+    }
+
+    fn fill(&self, i2: usize, cache: &mut [f32]) {
+        let mrope = matches!(
+            self.p.mode,
+            rope_mode::MROPE | rope_mode::VISION | rope_mode::IMROPE
+        );
+        if !mrope {
+            let mut theta = self.position(i2);
+            for i0 in (0..self.width).step_by(2) {
+                let (c, s) = rope_yarn(theta / self.factor(i0), &self.p, self.corr, i0);
+                cache[i0] = c;
+                cache[i0 + 1] = s;
+                theta *= self.theta_scale;
+            }
+            return;
+        }
+        // ggml_mrope_cache_init
+        let base = [0, 1, 2, 3].map(|k| self.position(i2 + k * self.ne2));
+        let [t, h, w, e] = base;
+        let (mut theta_t, mut theta_h, mut theta_w, mut theta_e) = (t, h, w, e);
+        let s = self.p.sections.map(|v| v as usize);
+        let sect_dims = s[0] + s[1] + s[2] + s[3];
+        let sec_w = s[0] + s[1];
+        let sec_e = sec_w + s[2];
+        let imrope = self.p.mode == rope_mode::IMROPE;
+        let independent = self.p.mode == rope_mode::VISION;
+        for i0 in (0..self.width).step_by(2) {
+            let sector = (i0 / 2) % sect_dims;
+            if independent {
+                if sector == 0 {
+                    theta_t = t;
+                } else if sector == s[0] {
+                    theta_h = h;
+                } else if sector == sec_w {
+                    theta_w = w;
+                } else if sector == sec_e {
+                    theta_e = e;
+                }
+            }
+            let theta = if imrope {
+                if sector % 3 == 1 && sector < 3 * s[1] {
+                    theta_h
+                } else if sector % 3 == 2 && sector < 3 * s[2] {
+                    theta_w
+                } else if sector % 3 == 0 && sector < 3 * s[0] {
+                    theta_t
+                } else {
+                    theta_e
+                }
+            } else if sector >= s[0] && sector < sec_w {
+                theta_h
+            } else if sector >= sec_w && sector < sec_w + s[2] {
+                theta_w
+            } else if sector >= sec_w + s[2] {
+                theta_e
+            } else {
+                theta_t
+            };
+            let (c, sn) = rope_yarn(theta / self.factor(i0), &self.p, self.corr, i0);
+            cache[i0] = c;
+            cache[i0 + 1] = sn;
+            theta_t *= self.theta_scale;
+            theta_w *= self.theta_scale;
+            theta_h *= self.theta_scale;
+            theta_e *= self.theta_scale;
+        }
+    }
+
+    fn rotate(&self, cache: &[f32], x: &[f32], y: &mut [f32]) {
+        let n_dims = self.p.n_dims;
+        let (pairs, offset, spread) = match self.p.mode {
+            rope_mode::NORMAL => (n_dims, 1, false),
+            rope_mode::VISION => (x.len(), n_dims, true),
+            _ => (n_dims, n_dims / 2, true),
+        };
+        y.copy_from_slice(x);
+        for i0 in (0..pairs).step_by(2) {
+            let ic = if spread { i0 / 2 } else { i0 };
+            let (cos, sin) = (cache[i0], cache[i0 + 1]);
+            let (x0, x1) = (x[ic], x[ic + offset]);
+            y[ic] = x0 * cos - x1 * sin;
+            y[ic + offset] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+pub(super) fn rope(node: &Node<'_>, dst: Dst<'_>, p: RopeParams) -> Result<()> {
+    let a = node.input(0)?;
+    let positions = node.view(1)?;
+    let factors = node.optional_view(2)?;
+    let ne0 = a.layout().ne[0];
+    let width = if p.mode == rope_mode::VISION {
+        ne0 - ne0 % 2
+    } else {
+        p.n_dims
+    };
+    let rope = Rope {
+        p,
+        corr: corr_dims(&p),
+        theta_scale: p.freq_base.powf(-2.0 / p.n_dims as f32),
+        positions,
+        factors,
+        ne2: a.layout().ne[2],
+        width,
+    };
+    map_rows(
+        node,
+        dst,
+        a,
+        4,
+        || Cache {
+            token: None,
+            values: vec![0.0f32; width + 2],
+        },
+        |cache, _, [_, i2, _], x, y| {
+            if cache.token != Some(i2) {
+                rope.fill(i2, &mut cache.values);
+                cache.token = Some(i2);
+            }
+            rope.rotate(&cache.values, x, y);
+            Ok(())
+        },
+    )
+}

@@ -1,0 +1,122 @@
+//! GET_ROWS and SET_ROWS.
+//!
+//! Both read row ids from a tensor at run time. The reference checks them with an assertion
+//! (process abort) — and had out-of-bounds reads and writes through mismatched shapes. Here
+//! every id the node will use is checked before the node writes anything, and again at use;
+//! an id outside the rows fails the graph with [`Error::OutOfBounds`].
+//!
+//! * GET_ROWS (`ggml_compute_forward_get_rows_*`): destination row `(i10, i11, i12)` is source
+//!   row `(rows[i10, i11, i12], i11, i12)`, converted to the destination type (dequantized for
+//!   quantized sources; copied byte for byte when the types match);
+//! * SET_ROWS (`ggml_compute_forward_set_rows_impl`): source row `(i, i02, i03)` goes to
+//!   destination row `(ids[i, i02 % ne11, i03 % ne12], i02, i03)`, converted with the
+//!   destination type's `from_float` (quantized when the destination is). Two ids may name the
+//!   same row; the parts are whole (i2, i3) planes, so such rows are written by one thread, in
+//!   source order (the last one wins, deterministically).
+
+use proto_core::{Error, Result};
+
+use crate::compute::memory::{Dst, DstPart};
+use crate::compute::view::{encode_row, internal, SrcView};
+
+use super::Node;
+
+/// Checks every id of `ids` against `rows` and returns them, flat in row-major order.
+fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec<usize>> {
+    let l = &ids.layout;
+    let mut out = Vec::with_capacity(l.elements());
+    for i3 in 0..l.ne[3] {
+        for i2 in 0..l.ne[2] {
+            for i1 in 0..l.ne[1] {
+                for i0 in 0..l.ne[0] {
+                    out.push(checked(ids.index_at([i0, i1, i2, i3]), rows, what)?);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn checked(id: i64, rows: usize, what: &'static str) -> Result<usize> {
+    usize::try_from(id)
+        .ok()
+        .filter(|&id| id < rows)
+        .ok_or(Error::OutOfBounds(what))
+}
+
+const GET_ROWS_ID: &str = "GET_ROWS row id outside the source's rows";
+const SET_ROWS_ID: &str = "SET_ROWS row id outside the destination's rows";
+
+pub(super) fn get_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let (a, rows) = (node.view(0)?, node.view(1)?);
+    let layout = *dst.layout();
+    let ne01 = a.layout.ne[1];
+    // every id checked before anything is written
+    checked_ids(&rows, ne01, GET_ROWS_ID)?;
+    let same_type = a.layout.type_id == layout.type_id;
+    let ne0 = layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), ne0);
+    let parts = dst.split_rows(chunk);
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        let mut values = vec![0.0f32; ne0];
+        let mut bytes = vec![0u8; layout.row_bytes()];
+        for r in part.rows() {
+            let [i10, i11, i12] = layout.row_index(r);
+            let id = checked(rows.index_at([i10, i11, i12, 0]), ne01, GET_ROWS_ID)?;
+            let idx = [id, i11, i12];
+            if same_type {
+                if a.layout.dense_rows() {
+                    bytes.copy_from_slice(a.row(idx));
+                } else {
+                    let size = layout.type_size;
+                    for i0 in 0..ne0 {
+                        bytes[i0 * size..(i0 + 1) * size]
+                            .copy_from_slice(a.element([i0, id, i11, i12]));
+                    }
+                }
+            } else {
+                a.load_f32(idx, &mut values)?;
+                encode_row(layout.type_id, &values, &mut bytes)?;
+            }
+            part.write(r, 0, &bytes)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let (a, ids) = (node.view(0)?, node.view(1)?);
+    let layout = *dst.layout();
+    let al = a.layout;
+    if al.is_empty() {
+        return Ok(());
+    }
+    let ne1 = layout.ne[1];
+    checked_ids(&ids, ne1, SET_ROWS_ID)?;
+    let il = ids.layout;
+    let planes = layout.ne[2] * layout.ne[3];
+    let chunk = node.pool.chunk(planes, al.ne[1] * al.ne[0]) * ne1;
+    let parts = dst.split_rows(chunk);
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        let rows = part.rows();
+        if rows.start % ne1 != 0 || rows.end % ne1 != 0 {
+            return Err(internal("SET_ROWS part not made of whole planes"));
+        }
+        let mut values = vec![0.0f32; al.ne[0]];
+        let mut bytes = Vec::new();
+        for plane in rows.start / ne1..rows.end / ne1 {
+            let (i02, i03) = (plane % layout.ne[2], plane / layout.ne[2]);
+            for i in 0..al.ne[1] {
+                let id = checked(
+                    ids.index_at([i, i02 % il.ne[1], i03 % il.ne[2], 0]),
+                    ne1,
+                    SET_ROWS_ID,
+                )?;
+                a.load_f32([i, i02, i03], &mut values)?;
+                encode_row(layout.type_id, &values, &mut bytes)?;
+                part.write(layout.row_number([id, i02, i03]), 0, &bytes)?;
+            }
+        }
+        Ok(())
+    })
+}

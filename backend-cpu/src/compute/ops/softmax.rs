@@ -1,0 +1,74 @@
+//! SOFT_MAX (scale, optional mask with ALiBi slopes, optional attention sinks) and the
+//! DIAG_MASK ops, as `ggml_compute_forward_soft_max_f32` / `_diag_mask_f32` compute them.
+//!
+//! SOFT_MAX row `(i1, i2, i3)`: `w = x * scale + slope(i2) * mask[i1, i2 % m2, i3 % m3]`, then
+//! `max` (including the head's sink, if any), `e = exp(w - max)` summed in f64 (plus
+//! `exp(sink - max)`), and `y = e * (1 / sum)`.
+
+use proto_core::Result;
+
+use crate::compute::memory::Dst;
+
+use super::{alibi_slope, c_max, map_rows, Node};
+
+pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32) -> Result<()> {
+    let a = node.input(0)?;
+    let mask = node.optional_view(1)?;
+    let sinks = node.optional_view(2)?;
+    let n_head = a.layout().ne[2];
+    let ne0 = a.layout().ne[0];
+    map_rows(
+        node,
+        dst,
+        a,
+        8,
+        || vec![0.0f32; ne0],
+        |mask_row, _, [i1, i2, i3], x, y| {
+            let slope = alibi_slope(max_bias, n_head, i2);
+            y.iter_mut().zip(x).for_each(|(w, &x)| *w = x * scale);
+            if let Some(mask) = &mask {
+                let ml = &mask.layout;
+                mask.load_f32([i1, i2 % ml.ne[2], i3 % ml.ne[3]], mask_row)?;
+                y.iter_mut()
+                    .zip(mask_row.iter())
+                    .for_each(|(w, &m)| *w += slope * m);
+            }
+            let mut max = y.iter().fold(f32::NEG_INFINITY, |m, &w| c_max(m, w));
+            let sink = sinks.as_ref().map(|s| s.value([i2, 0, 0, 0]));
+            if let Some(sink) = sink {
+                max = c_max(max, sink);
+            }
+            let mut sum = 0.0f64;
+            for w in y.iter_mut() {
+                *w = (*w - max).exp();
+                sum += f64::from(*w);
+            }
+            if let Some(sink) = sink {
+                sum += f64::from((sink - max).exp());
+            }
+            let inv = (1.0 / sum) as f32;
+            y.iter_mut().for_each(|w| *w *= inv);
+            Ok(())
+        },
+    )
+}
+
+pub(super) fn diag_mask(node: &Node<'_>, dst: Dst<'_>, n_past: usize, value: f32) -> Result<()> {
+    let a = node.input(0)?;
+    map_rows(
+        node,
+        dst,
+        a,
+        1,
+        || (),
+        |_, _, [i1, _, _], x, y| {
+            y.copy_from_slice(x);
+            // ggml: for i in n_past..ne0, masked where i > n_past + i1
+            let first = n_past.saturating_add(i1).saturating_add(1).max(n_past);
+            if first < y.len() {
+                y[first..].iter_mut().for_each(|v| *v = value);
+            }
+            Ok(())
+        },
+    )
+}

@@ -1,0 +1,468 @@
+//! One client connection: socket bytes → [`ServerSession`] → [`Dispatcher`] → socket bytes.
+//!
+//! The same driver as the tokio shell's, on async-io:
+//!
+//! * Reads: between messages into a 64 KiB scratch buffer, whose filled part is appended to the
+//!   input (small messages: at most one short copy). While a SET_TENSOR / SET_TENSOR_2D payload
+//!   streams in, `min(stream_remaining(), 16 MiB)` bytes are read into a fresh buffer of exactly
+//!   that size, handed to the session whole: the backend receives the data without a second
+//!   copy, in chunks of at most 16 MiB.
+//! * Writes: the session's transmit queue is written with vectored writes straight from its
+//!   `Bytes` (a large GET_TENSOR reply one 16 MiB piece at a time).
+//! * Blocking backend calls (graph compute, large reads, writes, copies and fills, cache file
+//!   I/O) run on the `blocking` thread pool: the connection's [`Core`] (session and dispatcher,
+//!   one box) moves there for the call and comes back, so the executor threads keep serving
+//!   the other connections.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_io::{Async, Timer};
+use bytes::{Buf, Bytes, BytesMut};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use proto_core::backend::{Backend, TensorLocation};
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
+use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::wire::{CommInitRequest, Request};
+
+use crate::comm_link::CommLink;
+
+/// Bytes read at once between messages.
+const READ_SIZE: usize = 64 * 1024;
+/// Transfers at least this large run on the blocking pool.
+const HEAVY_BYTES: u64 = 1 << 20;
+/// Most buffers passed to one vectored write.
+const MAX_IO_SLICES: usize = 64;
+/// How long a failing connection may take to flush the responses it already owed.
+const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Per-connection settings, derived from a [`ServerConfig`](crate::ServerConfig).
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
+    /// Settings of the connection's session (dialect, message size limit).
+    pub session: ServerSessionConfig,
+    /// Settings of the connection's dispatcher (version, quota, cache, graph limits).
+    pub dispatcher: DispatcherConfig,
+    /// Bound on setting up a comm link and on each all-reduce exchange.
+    pub comm_timeout: Duration,
+}
+
+/// Why a connection ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The client closed its side between two messages.
+    ByClient,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// Why a connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// The client broke the protocol or a command failed.
+    #[error(transparent)]
+    Protocol(#[from] proto_core::Error),
+    /// The socket failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Work that needs more than the dispatcher.
+enum Deferred {
+    /// A large reply, written piece by piece.
+    Reply(TensorReadStream),
+    /// The comm link.
+    Comm(CommWork),
+}
+
+enum CommWork {
+    Init(Box<CommInitRequest>),
+    Allreduce {
+        device: u32,
+        at: TensorLocation,
+        elements: u64,
+    },
+}
+
+/// The connection's protocol state; moves to a blocking thread and back for heavy calls.
+struct Core {
+    session: ServerSession,
+    dispatcher: Dispatcher<dyn Backend>,
+}
+
+/// Owns the [`Core`] between blocking calls.
+struct Driver {
+    core: Option<Box<Core>>,
+    dispatch: tracing::Dispatch,
+}
+
+impl Driver {
+    fn core(&mut self) -> &mut Core {
+        self.core
+            .as_mut()
+            .expect("the core is only away during a blocking call, which is awaited")
+    }
+
+    /// Runs `f` on the blocking pool with the core, in the current span and log dispatcher.
+    async fn blocking<R: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> R {
+        let mut core = self
+            .core
+            .take()
+            .expect("the core is only away during a blocking call, which is awaited");
+        let dispatch = self.dispatch.clone();
+        let span = tracing::Span::current();
+        let (core, result) = blocking::unblock(move || {
+            let result =
+                tracing::dispatcher::with_default(&dispatch, || span.in_scope(|| f(&mut core)));
+            (core, result)
+        })
+        .await;
+        self.core = Some(core);
+        result
+    }
+}
+
+/// Runs an accepted TCP client to its end and logs how it ended. `on_closed` runs after the
+/// client's buffers were freed and the socket closed, before the ending is logged.
+pub(crate) async fn run(
+    stream: Async<TcpStream>,
+    backend: Arc<dyn Backend>,
+    config: Arc<ConnectionConfig>,
+    stop: async_channel::Receiver<()>,
+    on_closed: impl FnOnce(),
+) {
+    if let Err(error) = stream.get_ref().set_nodelay(true) {
+        tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
+    }
+    tracing::info!("Accepted client connection");
+    let mut stream = stream;
+    let result = serve_connection(&mut stream, backend, &config, &stop).await;
+    drop(stream);
+    on_closed();
+    match result {
+        Ok(Closed::ByClient) => tracing::info!("Client connection closed"),
+        Ok(Closed::Shutdown) => {
+            tracing::info!("Client connection closed: server shutting down")
+        }
+        Err(ConnectionError::Protocol(error)) => tracing::warn!(
+            %error,
+            kind = %error.kind(),
+            "Client connection closed on error"
+        ),
+        Err(ConnectionError::Io(error)) => tracing::warn!(
+            %error,
+            kind = %error.kind(),
+            "Client connection closed on I/O error"
+        ),
+    }
+}
+
+/// Serves one client until it closes, fails, or `stop` is closed (the server shuts down).
+///
+/// All the client's state lives in this call: when it returns, its buffers are freed.
+pub async fn serve_connection(
+    stream: &mut Async<TcpStream>,
+    backend: Arc<dyn Backend>,
+    config: &ConnectionConfig,
+    stop: &async_channel::Receiver<()>,
+) -> Result<Closed, ConnectionError> {
+    let mut driver = Driver {
+        core: Some(Box::new(Core {
+            session: ServerSession::new(config.session.clone()),
+            dispatcher: Dispatcher::new(backend, config.dispatcher.clone())?,
+        })),
+        dispatch: tracing::dispatcher::get_default(Clone::clone),
+    };
+    let mut scratch = vec![0u8; READ_SIZE];
+    let mut links: HashMap<u32, CommLink> = HashMap::new();
+    loop {
+        let processed = match process_events(&mut driver, &mut links).await {
+            Ok(Some(Deferred::Reply(reply))) => {
+                flush(stream, &mut driver.core().session).await?;
+                send_reply(stream, &mut driver, reply).await?;
+                continue;
+            }
+            Ok(Some(Deferred::Comm(work))) => {
+                // Flush first: the client may be waiting for earlier responses.
+                flush(stream, &mut driver.core().session).await?;
+                comm_work(work, &mut driver, &mut links, config.comm_timeout)
+                    .await
+                    .map(|()| true)
+            }
+            Ok(None) => Ok(false),
+            Err(error) => Err(error),
+        };
+        match processed {
+            Err(error) => {
+                // Responses owed to earlier requests of the same read still go out.
+                let session = &mut driver.core().session;
+                let _ = futures_lite::future::or(
+                    async {
+                        let _ = flush(stream, session).await;
+                    },
+                    async {
+                        Timer::after(FINAL_FLUSH_TIMEOUT).await;
+                    },
+                )
+                .await;
+                return Err(error.into());
+            }
+            Ok(true) => continue,
+            Ok(false) => {}
+        }
+        let session = &mut driver.core().session;
+        flush(stream, session).await?;
+
+        let remaining = session.stream_remaining();
+        if remaining > 0 {
+            // Streamed tensor data: finished even during shutdown (the grace period bounds it).
+            let want =
+                usize::try_from(remaining.min(MAX_DATA_CHUNK as u64)).unwrap_or(MAX_DATA_CHUNK);
+            let (chunk, eof) = read_chunk(stream, want).await?;
+            if !chunk.is_empty() {
+                session.handle_input(chunk);
+            }
+            if eof {
+                session.handle_eof()?;
+                return Ok(Closed::ByClient);
+            }
+            continue;
+        }
+
+        if stop.is_closed() {
+            return Ok(Closed::Shutdown);
+        }
+        let read = futures_lite::future::or(async { Some(stream.read(&mut scratch).await) }, async {
+            // Closed (never sent to): the server is shutting down.
+            let _ = stop.recv().await;
+            None
+        })
+        .await;
+        let Some(read) = read else {
+            return Ok(Closed::Shutdown);
+        };
+        let read = read?;
+        if read == 0 {
+            session.handle_eof()?;
+            return Ok(Closed::ByClient);
+        }
+        session.handle_input(Bytes::copy_from_slice(&scratch[..read]));
+    }
+}
+
+/// Hands every complete event to the dispatcher and queues the responses, until one needs
+/// more than the dispatcher (returned) or more input is needed.
+async fn process_events(
+    driver: &mut Driver,
+    links: &mut HashMap<u32, CommLink>,
+) -> proto_core::Result<Option<Deferred>> {
+    while let Some(event) = driver.core().session.poll_event()? {
+        let outcome = if is_heavy(&event) {
+            driver
+                .blocking(move |core| core.dispatcher.handle(event))
+                .await?
+        } else {
+            driver.core().dispatcher.handle(event)?
+        };
+        let core = driver.core();
+        match outcome {
+            Outcome::Done => {}
+            Outcome::Respond(response) => core.session.send_response(&response)?,
+            Outcome::RespondStream(reply) => return Ok(Some(Deferred::Reply(reply))),
+            Outcome::CommFree { device } => {
+                if links.remove(&device).is_some() {
+                    tracing::info!(device, "comm link closed");
+                }
+            }
+            Outcome::CommInit(request) => {
+                return Ok(Some(Deferred::Comm(CommWork::Init(request))))
+            }
+            Outcome::CommAllreduce {
+                device,
+                at,
+                elements,
+            } => {
+                return Ok(Some(Deferred::Comm(CommWork::Allreduce {
+                    device,
+                    at,
+                    elements,
+                })))
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Writes a large GET_TENSOR reply one piece (at most 16 MiB) at a time.
+async fn send_reply(
+    stream: &mut Async<TcpStream>,
+    driver: &mut Driver,
+    reply: TensorReadStream,
+) -> Result<(), ConnectionError> {
+    driver
+        .core()
+        .session
+        .begin_response_stream(reply.command(), reply.len())?;
+    let mut reply = Box::new(reply);
+    loop {
+        let (back, piece) = driver
+            .blocking(move |core| {
+                let piece = core.dispatcher.read_chunk(&mut reply);
+                (reply, piece)
+            })
+            .await;
+        reply = back;
+        let Some(piece) = piece? else {
+            break;
+        };
+        let session = &mut driver.core().session;
+        session.send_response_data(piece)?;
+        flush(stream, session).await?;
+    }
+    flush(stream, &mut driver.core().session).await?;
+    Ok(())
+}
+
+/// Runs COMM_INIT (a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE (a failure closes
+/// the connection, as in the reference).
+async fn comm_work(
+    work: CommWork,
+    driver: &mut Driver,
+    links: &mut HashMap<u32, CommLink>,
+    timeout: Duration,
+) -> proto_core::Result<()> {
+    match work {
+        CommWork::Init(request) => {
+            let device = request.device;
+            let ok = match CommLink::establish(&request, timeout).await {
+                Ok(link) => {
+                    tracing::info!(device, rank = link.rank(), "comm link ready");
+                    links.insert(device, link);
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(%error, device, rank = request.rank, world = request.world, "COMM_INIT failed");
+                    false
+                }
+            };
+            let core = driver.core();
+            let response = core.dispatcher.finish_comm_init(device, ok);
+            core.session.send_response(&response)
+        }
+        CommWork::Allreduce {
+            device,
+            at,
+            elements,
+        } => {
+            let link = links.get_mut(&device).ok_or_else(|| {
+                proto_core::Error::Comm(format!("no comm link for device {device}"))
+            })?;
+            let len = usize::try_from(elements)
+                .ok()
+                .and_then(|n| n.checked_mul(4))
+                .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
+            let bytes = driver
+                .blocking(move |core| {
+                    let mut bytes = vec![0u8; len];
+                    core.dispatcher.backend().read(at, &mut bytes).map(|()| bytes)
+                })
+                .await?;
+            let local: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let sums = link.allreduce(local).await?;
+            let mut bytes = bytes;
+            for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
+                out.copy_from_slice(&value.to_le_bytes());
+            }
+            driver
+                .blocking(move |core| core.dispatcher.backend().write(at, &bytes))
+                .await
+        }
+    }
+}
+
+/// Whether an event may keep the thread busy long enough to stall other connections.
+fn is_heavy(event: &ServerEvent) -> bool {
+    match event {
+        ServerEvent::TensorData(chunk) => chunk.len() as u64 >= HEAVY_BYTES,
+        ServerEvent::TensorWriteBegin { .. } | ServerEvent::TensorWriteEnd => false,
+        ServerEvent::Request(request) => match request {
+            Request::GraphCompute(_)
+            | Request::GraphRecompute { .. }
+            | Request::CopyTensor { .. }
+            | Request::BufferClear { .. }
+            | Request::SetTensorHash { .. } => true,
+            Request::GetTensor { size, .. } | Request::MemsetTensor { size, .. } => {
+                *size >= HEAVY_BYTES
+            }
+            Request::GetTensor2d(header) => {
+                header.size.saturating_mul(header.n_copies) >= HEAVY_BYTES
+            }
+            Request::SetTensor { data, .. } | Request::SetTensor2d { data, .. } => {
+                data.len() as u64 >= HEAVY_BYTES
+            }
+            _ => false,
+        },
+    }
+}
+
+/// Reads up to `want` bytes into a fresh buffer of exactly that size, stopping early only at
+/// EOF. Returns the bytes and whether EOF was reached.
+async fn read_chunk(stream: &mut Async<TcpStream>, want: usize) -> io::Result<(Bytes, bool)> {
+    let mut buf = BytesMut::zeroed(want);
+    let mut filled = 0;
+    while filled < want {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            buf.truncate(filled);
+            return Ok((buf.freeze(), true));
+        }
+        filled += n;
+    }
+    Ok((buf.freeze(), false))
+}
+
+/// Writes out everything the session queued, with vectored writes straight from its `Bytes`.
+async fn flush(stream: &mut Async<TcpStream>, session: &mut ServerSession) -> io::Result<()> {
+    let mut queue: Vec<Bytes> = Vec::new();
+    while let Some(bytes) = session.poll_transmit() {
+        if !bytes.is_empty() {
+            queue.push(bytes);
+        }
+    }
+    let mut first = 0;
+    while first < queue.len() {
+        let written = {
+            let slices: Vec<io::IoSlice<'_>> = queue[first..]
+                .iter()
+                .take(MAX_IO_SLICES)
+                .map(|b| io::IoSlice::new(b))
+                .collect();
+            stream.write_vectored(&slices).await?
+        };
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut left = written;
+        while left > 0 {
+            let Some(front) = queue.get_mut(first) else {
+                break;
+            };
+            let step = left.min(front.len());
+            front.advance(step);
+            left -= step;
+            if front.is_empty() {
+                first += 1;
+            }
+        }
+    }
+    Ok(())
+}

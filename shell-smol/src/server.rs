@@ -1,0 +1,243 @@
+//! The TCP server: accept loop, server-wide limits and graceful shutdown (the tokio shell's
+//! behaviour on async-io / async-executor).
+
+use std::future::Future;
+use std::io;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_executor::{Executor, Task};
+use async_io::{Async, Timer};
+use proto_core::backend::Backend;
+use proto_core::dispatch::DispatcherConfig;
+use proto_core::graph::GraphLimits;
+use proto_core::session::ServerSessionConfig;
+use proto_core::tensor_cache::TensorCache;
+use proto_core::wire::ProtocolVersion;
+use tracing::instrument::WithSubscriber as _;
+use tracing::Instrument as _;
+
+use crate::connection::{self, ConnectionConfig};
+
+/// Default for [`ServerConfig::max_clients`].
+pub const DEFAULT_MAX_CLIENTS: usize = 64;
+/// Default for [`ServerConfig::max_message_size`]: 256 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
+/// Default for [`ServerConfig::comm_timeout`].
+pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default for [`ServerConfig::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Settings of a server (shared by all its connections); the tokio shell's knobs.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// The version announced in HELLO; its major selects the command table (7 or 8).
+    pub version: ProtocolVersion,
+    /// Most clients served at once; further connections are closed right after `accept`.
+    pub max_clients: usize,
+    /// Most bytes of buffers one client may hold (`None`: unlimited).
+    pub memory_quota: Option<u64>,
+    /// Largest buffered request (GRAPH_COMPUTE and the fixed-size commands).
+    pub max_message_size: u64,
+    /// The tensor cache, announced in HELLO flag bit 0.
+    pub tensor_cache: Option<Arc<dyn TensorCache>>,
+    /// Graph size limits of GRAPH_COMPUTE.
+    pub graph_limits: GraphLimits,
+    /// Bound on setting up a comm link and on each all-reduce exchange.
+    pub comm_timeout: Duration,
+    /// How long a shutdown waits for open connections before they are dropped.
+    pub shutdown_grace: Duration,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("version", &self.version)
+            .field("max_clients", &self.max_clients)
+            .field("memory_quota", &self.memory_quota)
+            .field("max_message_size", &self.max_message_size)
+            .field("tensor_cache", &self.tensor_cache.is_some())
+            .field("graph_limits", &self.graph_limits)
+            .field("comm_timeout", &self.comm_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+impl ServerConfig {
+    /// Defaults for a version (the tokio shell's).
+    pub fn new(version: ProtocolVersion) -> ServerConfig {
+        ServerConfig {
+            version,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            memory_quota: None,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            tensor_cache: None,
+            graph_limits: GraphLimits::default(),
+            comm_timeout: DEFAULT_COMM_TIMEOUT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+
+    /// The per-connection settings derived from this configuration.
+    pub fn connection_config(&self) -> io::Result<ConnectionConfig> {
+        let dialect = self.version.dialect().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("protocol version {} is not supported", self.version),
+            )
+        })?;
+        let mut session = ServerSessionConfig::new(dialect);
+        session.max_message_size = self.max_message_size;
+        let mut dispatcher = DispatcherConfig::new(self.version);
+        dispatcher.memory_quota = self.memory_quota;
+        dispatcher.graph_limits = self.graph_limits;
+        dispatcher.tensor_cache = self.tensor_cache.clone();
+        Ok(ConnectionConfig {
+            session,
+            dispatcher,
+            comm_timeout: self.comm_timeout,
+        })
+    }
+}
+
+/// Serves clients accepted on `listener` until `shutdown` completes, one task per client on
+/// `executor` (run it on as many threads as wanted).
+///
+/// The behaviour is the tokio shell's `serve`: `TCP_NODELAY` on every client, clients beyond
+/// [`ServerConfig::max_clients`] closed at once with a log line, any error closing only that
+/// connection, and on shutdown: the listener closed, idle connections closed, busy ones
+/// finishing their current command, stragglers dropped after [`ServerConfig::shutdown_grace`].
+/// Every buffer the clients held is freed when this returns.
+pub async fn serve(
+    executor: Arc<Executor<'static>>,
+    listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let connection_config = Arc::new(config.connection_config()?);
+    let listener = Async::new(listener)?;
+    let active = Arc::new(AtomicUsize::new(0));
+    // Never sent to: closing it (dropping the sender) tells every connection to stop.
+    let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let mut tasks: Vec<Task<()>> = Vec::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            shutdown.as_mut().await;
+            None
+        })
+        .await;
+        let Some(accepted) = accepted else {
+            break;
+        };
+        tasks.retain(|task| !task.is_finished());
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, kind = %error.kind(), "accept failed");
+                // Out of file descriptors and similar: give the system a moment.
+                Timer::after(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= config.max_clients {
+            active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(
+                %peer,
+                max_clients = config.max_clients,
+                "refusing client connection: too many clients"
+            );
+            drop(stream);
+            continue;
+        }
+        let span = tracing::info_span!("client", %peer);
+        let slot = active.clone();
+        let task = connection::run(
+            stream,
+            backend.clone(),
+            connection_config.clone(),
+            stop_rx.clone(),
+            move || {
+                slot.fetch_sub(1, Ordering::SeqCst);
+            },
+        );
+        tasks.push(executor.spawn(task.instrument(span).with_subscriber(dispatch.clone())));
+    }
+    drop(listener);
+    tasks.retain(|task| !task.is_finished());
+    tracing::info!(
+        open_connections = tasks.len(),
+        "shutting down: no longer accepting clients"
+    );
+    drop(stop_tx);
+    drop(stop_rx);
+    let remaining = tasks.len();
+    let drained = futures_lite::future::or(
+        async move {
+            for task in tasks {
+                task.await;
+            }
+            true
+        },
+        async {
+            Timer::after(config.shutdown_grace).await;
+            false
+        },
+    )
+    .await;
+    if !drained {
+        // The tasks were dropped with the losing future, which cancels them.
+        tracing::warn!(
+            open_connections = remaining,
+            "grace period over: dropping the remaining connections"
+        );
+    }
+    Ok(())
+}
+
+/// Serves on a fresh executor run by `threads` threads (the calling one included) until
+/// `shutdown` completes: the whole server in one blocking call.
+pub fn run(
+    threads: usize,
+    listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let executor = Arc::new(Executor::new());
+    let (done_tx, done_rx) = async_channel::bounded::<()>(1);
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let mut workers = Vec::new();
+    for index in 1..threads.max(1) {
+        let executor = executor.clone();
+        let done = done_rx.clone();
+        let dispatch = dispatch.clone();
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("rpc-smol-{index}"))
+                .spawn(move || {
+                    let _dispatch = tracing::dispatcher::set_default(&dispatch);
+                    async_io::block_on(executor.run(async {
+                        let _ = done.recv().await;
+                    }));
+                })?,
+        );
+    }
+    let result = async_io::block_on(executor.run(serve(
+        executor.clone(),
+        listener,
+        backend,
+        config,
+        shutdown,
+    )));
+    drop(done_tx);
+    for worker in workers {
+        let _ = worker.join();
+    }
+    result
+}

@@ -1,0 +1,210 @@
+//! The protocol-8.0.0 server-to-server link (PROTOCOL.md §6.1, §6.2, §6.4) on blocking TCP.
+//!
+//! The byte-level work is done by the sans-IO machines of [`proto_core::comm`]; this module only
+//! opens the socket and moves bytes. It always runs on a blocking thread, never on a ring, so a
+//! peer that takes its time stalls no other client. Addressing, retries and timeouts are those of
+//! the tokio shell: rank 0 listens on `0.0.0.0:port` and accepts one peer, rank 1 connects to
+//! `host:port` (100 tries, 50 ms apart); accepting and each exchange are bounded by the comm
+//! timeout.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use proto_core::comm::{
+    CommError, Handshake, HandshakeEvent, LinkVariant, PairwiseAllReduce, WireFormat,
+};
+use proto_core::wire::CommInitRequest;
+
+const CONNECT_TRIES: u32 = 100;
+const CONNECT_PAUSE: Duration = Duration::from_millis(50);
+const ACCEPT_POLL: Duration = Duration::from_millis(5);
+
+/// Why a comm link could not be set up or used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("comm link timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("the peer sent data out of turn")]
+    OutOfTurn,
+}
+
+impl From<LinkError> for proto_core::Error {
+    fn from(error: LinkError) -> proto_core::Error {
+        proto_core::Error::Comm(error.to_string())
+    }
+}
+
+/// An established link to the other rank of a device's communicator.
+#[derive(Debug)]
+pub(crate) struct CommLink {
+    stream: TcpStream,
+    rank: u32,
+    timeout: Duration,
+}
+
+impl CommLink {
+    pub(crate) fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Sets up the link that COMM_INIT asks for (world 2: the 8.0.0 link).
+    pub(crate) fn establish(
+        request: &CommInitRequest,
+        timeout: Duration,
+    ) -> Result<CommLink, LinkError> {
+        let port = u16::try_from(request.port)
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| LinkError::Unsupported(format!("invalid port {}", request.port)))?;
+        let (stream, mut handshake) = if request.rank == 0 {
+            let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
+            (accept_peer(port, timeout)?, handshake)
+        } else {
+            let handshake =
+                Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
+            let host = request.host_str();
+            if host.is_empty() {
+                return Err(LinkError::Unsupported("rank > 0 without a host".into()));
+            }
+            (connect_peer(&host, port)?, handshake)
+        };
+        stream.set_nodelay(true)?;
+        let mut link = CommLink {
+            stream,
+            rank: request.rank,
+            timeout,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            while let Some(transmit) = handshake.poll_transmit() {
+                link.stream.write_all(&transmit.data)?;
+            }
+            while let Some(HandshakeEvent::CapsExchanged { .. }) = handshake.poll_event() {
+                // Both ends announce all-zero caps: the link stays on TCP.
+            }
+            if handshake.is_done() {
+                return Ok(link);
+            }
+            let data = read_up_to(&mut link.stream, handshake.wanted(), deadline, timeout)?;
+            if data.is_empty() {
+                handshake.handle_close()?;
+                return Err(CommError::ConnectionClosed { peer: None }.into());
+            }
+            offer(&data, |piece| handshake.handle_input(piece))?;
+        }
+    }
+
+    /// The pairwise all-reduce of one tensor; returns the sums.
+    pub(crate) fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, LinkError> {
+        let format = WireFormat::select(true, local.len() as u64);
+        let mut machine = PairwiseAllReduce::new(self.rank, local, format)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            while let Some(transmit) = machine.poll_transmit() {
+                self.stream.write_all(&transmit.data)?;
+            }
+            if machine.is_done() {
+                break;
+            }
+            let data = read_up_to(&mut self.stream, machine.wanted(), deadline, self.timeout)?;
+            if data.is_empty() {
+                machine.handle_close()?;
+                return Err(CommError::ConnectionClosed { peer: None }.into());
+            }
+            offer(&data, |piece| machine.handle_input(piece))?;
+        }
+        Ok(machine.into_result()?)
+    }
+}
+
+/// Rank 0: listens on `0.0.0.0:port` and accepts the one peer before `timeout`.
+fn accept_peer(port: u16, timeout: Duration) -> Result<TcpStream, LinkError> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                tracing::info!(%peer, port, "comm link: peer connected");
+                return Ok(stream);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(LinkError::Timeout(timeout));
+                }
+                std::thread::sleep(ACCEPT_POLL);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Rank 1: connects to rank 0, retrying while it is not listening yet.
+fn connect_peer(host: &str, port: u16) -> Result<TcpStream, LinkError> {
+    let mut last = None;
+    for _ in 0..CONNECT_TRIES {
+        match TcpStream::connect((host, port)) {
+            Ok(stream) => {
+                tracing::info!(host, port, "comm link: connected to rank 0");
+                return Ok(stream);
+            }
+            Err(error) => last = Some(error),
+        }
+        std::thread::sleep(CONNECT_PAUSE);
+    }
+    Err(last.unwrap_or_else(|| io::ErrorKind::TimedOut.into()).into())
+}
+
+/// Reads at most `max` bytes (at least one unless EOF) before `deadline`; empty at EOF.
+fn read_up_to(
+    stream: &mut TcpStream,
+    max: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<u8>, LinkError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(LinkError::Timeout(timeout));
+    }
+    stream.set_read_timeout(Some(left))?;
+    let mut buf = vec![0u8; max.max(1)];
+    match stream.read(&mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(buf)
+        }
+        Err(error)
+            if matches!(
+                error.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(LinkError::Timeout(timeout))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Offers `data` until the machine consumed all of it (it never reads past what it wants).
+fn offer(
+    data: &[u8],
+    mut handle: impl FnMut(&[u8]) -> Result<usize, CommError>,
+) -> Result<(), LinkError> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let consumed = handle(rest)?;
+        if consumed == 0 {
+            return Err(LinkError::OutOfTurn);
+        }
+        rest = rest.get(consumed..).unwrap_or_default();
+    }
+    Ok(())
+}

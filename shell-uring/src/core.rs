@@ -1,0 +1,283 @@
+//! One connection's protocol state, driven without any I/O: [`ServerSession`] →
+//! [`Dispatcher`] → transmit queue. The ring thread runs it inline for cheap events and hands
+//! it to a blocking thread for heavy ones (large copies, graph compute, cache file I/O, the comm
+//! link).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto_core::backend::{Backend, TensorLocation};
+use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
+use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
+use proto_core::wire::{CommInitRequest, Request};
+
+use crate::comm::CommLink;
+
+/// Transfers at least this large are run on a blocking thread.
+const HEAVY_BYTES: u64 = 1 << 20;
+
+/// Per-connection settings.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionConfig {
+    pub session: ServerSessionConfig,
+    pub dispatcher: DispatcherConfig,
+    pub comm_timeout: Duration,
+}
+
+/// Work of an event that needs sockets besides the client's (the comm link).
+#[derive(Debug)]
+pub(crate) enum CommWork {
+    Init(Box<CommInitRequest>),
+    Allreduce {
+        device: u32,
+        at: TensorLocation,
+        elements: u64,
+    },
+}
+
+/// Work that must not run on the ring thread.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// A heavy event for the dispatcher.
+    Event(ServerEvent),
+    /// Comm link work (may wait for the peer for up to the comm timeout).
+    Comm(CommWork),
+    /// The next piece (at most 16 MiB) of a large GET_TENSOR reply.
+    Reply,
+}
+
+/// Where driving stopped.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// More input is needed (the transmit queue may hold responses to write).
+    Idle,
+    /// This work must run on a blocking thread (after the transmit queue was written).
+    Work(Work),
+    /// The connection must close.
+    Failed(proto_core::Error),
+}
+
+/// The protocol state of one connection. Dropping it frees every buffer the client held.
+pub(crate) struct Core {
+    pub session: ServerSession,
+    dispatcher: Dispatcher<dyn Backend>,
+    links: HashMap<u32, CommLink>,
+    comm_timeout: Duration,
+    /// A large reply in progress, read from the backend one piece at a time.
+    reply: Option<TensorReadStream>,
+    /// Bytes to write, in order.
+    pub outbox: Vec<Bytes>,
+}
+
+impl Core {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        config: &ConnectionConfig,
+    ) -> proto_core::Result<Core> {
+        Ok(Core {
+            session: ServerSession::new(config.session.clone()),
+            dispatcher: Dispatcher::new(backend, config.dispatcher.clone())?,
+            links: HashMap::new(),
+            comm_timeout: config.comm_timeout,
+            reply: None,
+            outbox: Vec::new(),
+        })
+    }
+
+    /// Hands events to the dispatcher until more input is needed. On the ring thread
+    /// (`blocking == false`) it stops at heavy work and returns it; on a blocking thread it runs
+    /// everything, except comm work while responses are still unwritten (the client may be
+    /// waiting for them), and it stops after each piece of a large reply so the ring can send
+    /// it while the next piece is read.
+    pub(crate) fn drive(&mut self, blocking: bool) -> Stop {
+        loop {
+            if self.reply.is_some() {
+                if !blocking {
+                    return Stop::Work(Work::Reply);
+                }
+                if !self.outbox.is_empty() {
+                    return Stop::Idle;
+                }
+                if let Err(error) = self.next_piece() {
+                    return Stop::Failed(error);
+                }
+                continue;
+            }
+            let event = match self.session.poll_event() {
+                Ok(Some(event)) => event,
+                Ok(None) => return Stop::Idle,
+                Err(error) => return Stop::Failed(error),
+            };
+            if !blocking && is_heavy(&event) {
+                return Stop::Work(Work::Event(event));
+            }
+            match self.execute(event) {
+                Err(error) => return Stop::Failed(error),
+                Ok(None) => {}
+                Ok(Some(comm)) => {
+                    if !blocking || !self.outbox.is_empty() {
+                        return Stop::Work(Work::Comm(comm));
+                    }
+                    if let Err(error) = self.comm(comm) {
+                        return Stop::Failed(error);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs work returned by [`drive`](Self::drive) (on a blocking thread), then drives on.
+    pub(crate) fn run(&mut self, work: Work) -> Stop {
+        let result = match work {
+            Work::Event(event) => match self.execute(event) {
+                Ok(Some(comm)) if self.outbox.is_empty() => self.comm(comm),
+                Ok(Some(comm)) => return Stop::Work(Work::Comm(comm)),
+                Ok(None) => Ok(()),
+                Err(error) => Err(error),
+            },
+            Work::Comm(comm) => self.comm(comm),
+            Work::Reply => self.next_piece(),
+        };
+        match result {
+            Ok(()) => self.drive(true),
+            Err(error) => Stop::Failed(error),
+        }
+    }
+
+    /// Executes one event; returns comm work it asks for.
+    fn execute(&mut self, event: ServerEvent) -> proto_core::Result<Option<CommWork>> {
+        match self.dispatcher.handle(event)? {
+            Outcome::Done => {}
+            Outcome::Respond(response) => {
+                self.session.send_response(&response)?;
+                self.collect_transmit();
+            }
+            Outcome::RespondStream(reply) => {
+                self.session
+                    .begin_response_stream(reply.command(), reply.len())?;
+                self.collect_transmit();
+                if !reply.is_empty() {
+                    self.reply = Some(reply);
+                }
+            }
+            Outcome::CommFree { device } => {
+                if self.links.remove(&device).is_some() {
+                    tracing::info!(device, "comm link closed");
+                }
+            }
+            Outcome::CommInit(request) => return Ok(Some(CommWork::Init(request))),
+            Outcome::CommAllreduce {
+                device,
+                at,
+                elements,
+            } => {
+                return Ok(Some(CommWork::Allreduce {
+                    device,
+                    at,
+                    elements,
+                }))
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads the next piece of the reply in progress and queues it.
+    fn next_piece(&mut self) -> proto_core::Result<()> {
+        let Some(reply) = self.reply.as_mut() else {
+            return Ok(());
+        };
+        if let Some(piece) = self.dispatcher.read_chunk(reply)? {
+            self.session.send_response_data(piece)?;
+        }
+        if reply.remaining() == 0 {
+            self.reply = None;
+        }
+        self.collect_transmit();
+        Ok(())
+    }
+
+    fn collect_transmit(&mut self) {
+        while let Some(bytes) = self.session.poll_transmit() {
+            if !bytes.is_empty() {
+                self.outbox.push(bytes);
+            }
+        }
+    }
+
+    /// COMM_INIT (a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE (a failure closes
+    /// the connection, as in the reference). Blocks.
+    fn comm(&mut self, work: CommWork) -> proto_core::Result<()> {
+        match work {
+            CommWork::Init(request) => {
+                let device = request.device;
+                let ok = match CommLink::establish(&request, self.comm_timeout) {
+                    Ok(link) => {
+                        tracing::info!(device, rank = link.rank(), "comm link ready");
+                        self.links.insert(device, link);
+                        true
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, device, rank = request.rank, world = request.world, "COMM_INIT failed");
+                        false
+                    }
+                };
+                let response = self.dispatcher.finish_comm_init(device, ok);
+                self.session.send_response(&response)?;
+                self.collect_transmit();
+                Ok(())
+            }
+            CommWork::Allreduce {
+                device,
+                at,
+                elements,
+            } => {
+                let link = self.links.get_mut(&device).ok_or_else(|| {
+                    proto_core::Error::Comm(format!("no comm link for device {device}"))
+                })?;
+                let len = usize::try_from(elements)
+                    .ok()
+                    .and_then(|n| n.checked_mul(4))
+                    .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
+                let backend = self.dispatcher.backend().clone();
+                let mut bytes = vec![0u8; len];
+                backend.read(at, &mut bytes)?;
+                let local: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let sums = link.allreduce(local)?;
+                for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
+                    out.copy_from_slice(&value.to_le_bytes());
+                }
+                backend.write(at, &bytes)
+            }
+        }
+    }
+}
+
+/// Whether an event may keep the thread busy long enough to stall other connections.
+fn is_heavy(event: &ServerEvent) -> bool {
+    match event {
+        ServerEvent::TensorData(chunk) => chunk.len() as u64 >= HEAVY_BYTES,
+        ServerEvent::TensorWriteBegin { .. } | ServerEvent::TensorWriteEnd => false,
+        ServerEvent::Request(request) => match request {
+            Request::GraphCompute(_)
+            | Request::GraphRecompute { .. }
+            | Request::CopyTensor { .. }
+            | Request::BufferClear { .. }
+            | Request::SetTensorHash { .. } => true,
+            Request::GetTensor { size, .. } | Request::MemsetTensor { size, .. } => {
+                *size >= HEAVY_BYTES
+            }
+            Request::GetTensor2d(header) => {
+                header.size.saturating_mul(header.n_copies) >= HEAVY_BYTES
+            }
+            Request::SetTensor { data, .. } | Request::SetTensor2d { data, .. } => {
+                data.len() as u64 >= HEAVY_BYTES
+            }
+            _ => false,
+        },
+    }
+}

@@ -1,0 +1,462 @@
+//! The one module of this crate with `unsafe`: the io_uring instance, the eventfd that wakes
+//! it, and the ownership of every buffer an operation in flight points into.
+//!
+//! The rule io_uring imposes is that memory named by a submission queue entry (SQE) must stay
+//! valid, and unaliased, until the kernel posted that operation's completion (CQE). This module
+//! enforces it by construction: every operation is issued through a method that *takes
+//! ownership* of its buffers (a `BytesMut` to receive into, the `Bytes` of a transmit queue, a
+//! timespec) and parks them in an op table slot; they are handed back only with the
+//! completion. Nothing outside this module ever sees a raw pointer.
+//!
+//! At drop, operations still in flight are cancelled and their completions awaited; any whose
+//! completion does not arrive in time have their buffers leaked rather than freed, so the kernel
+//! can never write into freed memory.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// Caller-chosen identity of an operation, returned with its completion.
+pub(crate) type Tag = u64;
+
+/// An operation in flight (slot index and generation), for [`Ring::cancel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpId(u64);
+
+/// Most buffers passed to one `sendmsg`.
+const MAX_IOVECS: usize = 64;
+/// How long [`Ring`]'s drop waits for cancelled operations.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A finished operation, with the buffers it owned.
+#[derive(Debug)]
+pub(crate) enum Completion {
+    /// An accepted connection, or why accepting failed.
+    Accept(io::Result<TcpStream>),
+    /// A receive: `buf` grew by the bytes received (`Ok(0)`: end of stream).
+    Recv {
+        buf: BytesMut,
+        result: io::Result<usize>,
+    },
+    /// A send of a queue of buffers: `Ok(n)` bytes of them were sent (from the front).
+    Send {
+        bufs: Vec<Bytes>,
+        result: io::Result<usize>,
+    },
+    /// The eventfd was signalled.
+    Wake,
+    /// A timer fired (or was cancelled).
+    Timer,
+    /// A cancel request or a link timeout finished; nothing to do.
+    Internal,
+}
+
+/// What a slot keeps alive while its operation is in flight.
+enum Owned {
+    Accept,
+    Recv(BytesMut),
+    Send {
+        bufs: Vec<Bytes>,
+        // The kernel reads these two until completion; heap allocations do not move when the
+        // owning `Vec` / `Box` is moved into the slot.
+        _iov: Vec<libc::iovec>,
+        _msg: Box<libc::msghdr>,
+    },
+    Wake(Box<[u8; 8]>),
+    Timer {
+        _ts: Box<types::Timespec>,
+    },
+    Internal {
+        _ts: Option<Box<types::Timespec>>,
+    },
+}
+
+struct Slot {
+    generation: u32,
+    op: Option<(Tag, Owned)>,
+}
+
+/// An io_uring instance and its op table.
+pub(crate) struct Ring {
+    ring: IoUring,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    in_flight: usize,
+    reaped: Vec<(u64, i32)>,
+}
+
+impl Ring {
+    /// Creates a ring with room for `entries` submissions at once. Fails where the kernel
+    /// refuses io_uring (too old: `ENOSYS`; seccomp or `kernel.io_uring_disabled`: `EPERM`).
+    pub(crate) fn new(entries: u32) -> io::Result<Ring> {
+        let ring = IoUring::builder()
+            .setup_cqsize(entries.saturating_mul(4))
+            .build(entries)?;
+        let mut probe = io_uring::Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        for (code, name) in [
+            (opcode::Accept::CODE, "ACCEPT"),
+            (opcode::Recv::CODE, "RECV"),
+            (opcode::SendMsg::CODE, "SENDMSG"),
+            (opcode::Read::CODE, "READ"),
+            (opcode::Timeout::CODE, "TIMEOUT"),
+            (opcode::LinkTimeout::CODE, "LINK_TIMEOUT"),
+            (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("the kernel lacks IORING_OP_{name}"),
+                ));
+            }
+        }
+        Ok(Ring {
+            ring,
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            reaped: Vec::new(),
+        })
+    }
+
+    fn slot(&mut self, tag: Tag, owned: Owned) -> (u64, &mut Owned) {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    op: None,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        let user_data = (u64::from(slot.generation) << 32) | u64::from(index);
+        self.in_flight += 1;
+        let (_, owned) = slot.op.insert((tag, owned));
+        (user_data, owned)
+    }
+
+    /// Queues an entry whose buffers are already parked in the slot of `user_data`.
+    ///
+    /// # Safety
+    /// Every pointer in `entry` must point into memory owned by an op slot (or be null), so it
+    /// stays valid until the completion of `user_data` is reaped.
+    unsafe fn push(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: the caller guarantees the entry's buffers outlive the operation.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            // The submission queue is full: hand what is queued to the kernel and retry.
+            if let Err(error) = self.ring.submit() {
+                if error.raw_os_error() != Some(libc::EBUSY) {
+                    tracing::error!(%error, "io_uring submit failed");
+                }
+                self.reap();
+            }
+        }
+    }
+
+    /// Accepts one connection on `listener` (the fd must stay open until the completion).
+    pub(crate) fn accept(&mut self, tag: Tag, listener: RawFd) -> OpId {
+        let (user_data, _) = self.slot(tag, Owned::Accept);
+        let entry = opcode::Accept::new(types::Fd(listener), std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data);
+        // SAFETY: no buffers (null address out-parameters).
+        unsafe { self.push(entry) };
+        OpId(user_data)
+    }
+
+    /// Receives up to `want` bytes into the spare capacity of `buf` (reserved here). With
+    /// `wait_all` the kernel keeps receiving until `want` bytes arrived or the stream ended.
+    pub(crate) fn recv(
+        &mut self,
+        tag: Tag,
+        fd: RawFd,
+        mut buf: BytesMut,
+        want: usize,
+        wait_all: bool,
+    ) -> OpId {
+        let want = want.min(u32::MAX as usize);
+        buf.reserve(want);
+        let (user_data, owned) = self.slot(tag, Owned::Recv(buf));
+        let Owned::Recv(buf) = owned else {
+            unreachable!("slot holds what was just put in")
+        };
+        // SAFETY: `reserve` made `want` bytes of capacity past `len`; the pointer stays in
+        // bounds of that allocation.
+        let spare = unsafe { buf.as_mut_ptr().add(buf.len()) };
+        let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
+        let entry = opcode::Recv::new(types::Fd(fd), spare, want as u32)
+            .flags(flags)
+            .build()
+            .user_data(user_data);
+        // SAFETY: the `BytesMut` is owned by the slot until the completion is reaped, and is not
+        // touched meanwhile; its heap allocation does not move with it.
+        unsafe { self.push(entry) };
+        OpId(user_data)
+    }
+
+    /// Sends `bufs` in order with one `sendmsg` (at most [`MAX_IOVECS`] of them; the
+    /// completion tells how many bytes went out). With `timeout`, the send is cancelled when
+    /// it has not completed in time.
+    pub(crate) fn send(
+        &mut self,
+        tag: Tag,
+        fd: RawFd,
+        bufs: Vec<Bytes>,
+        timeout: Option<Duration>,
+    ) -> OpId {
+        let iov: Vec<libc::iovec> = bufs
+            .iter()
+            .take(MAX_IOVECS)
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len() as _;
+        let msg_ptr: *const libc::msghdr = &*msg;
+        let (user_data, _) = self.slot(
+            tag,
+            Owned::Send {
+                bufs,
+                _iov: iov,
+                _msg: msg,
+            },
+        );
+        let mut entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
+            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+            .build()
+            .user_data(user_data);
+        if let Some(timeout) = timeout {
+            entry = entry.flags(squeue::Flags::IO_LINK);
+            // SAFETY: the msghdr, the iovecs and the `Bytes` they point into are owned by the
+            // slot until the completion is reaped (`Bytes` never move their data).
+            unsafe { self.push(entry) };
+            let ts = Box::new(types::Timespec::from(timeout));
+            let ts_ptr: *const types::Timespec = &*ts;
+            let (timer_data, _) = self.slot(0, Owned::Internal { _ts: Some(ts) });
+            let link = opcode::LinkTimeout::new(ts_ptr).build().user_data(timer_data);
+            // SAFETY: the timespec is owned by the link timeout's own slot.
+            unsafe { self.push(link) };
+        } else {
+            // SAFETY: as above.
+            unsafe { self.push(entry) };
+        }
+        OpId(user_data)
+    }
+
+    /// Waits for the eventfd to be signalled.
+    pub(crate) fn wait_wake(&mut self, tag: Tag, eventfd: &EventFd) -> OpId {
+        let (user_data, owned) = self.slot(tag, Owned::Wake(Box::new([0; 8])));
+        let Owned::Wake(buf) = owned else {
+            unreachable!("slot holds what was just put in")
+        };
+        let ptr = buf.as_mut_ptr();
+        let entry = opcode::Read::new(types::Fd(eventfd.0.as_raw_fd()), ptr, 8)
+            .build()
+            .user_data(user_data);
+        // SAFETY: the 8-byte box is owned by the slot until the completion is reaped.
+        unsafe { self.push(entry) };
+        OpId(user_data)
+    }
+
+    /// A timer that completes after `after`.
+    pub(crate) fn timer(&mut self, tag: Tag, after: Duration) -> OpId {
+        let ts = Box::new(types::Timespec::from(after));
+        let ptr: *const types::Timespec = &*ts;
+        let (user_data, _) = self.slot(tag, Owned::Timer { _ts: ts });
+        let entry = opcode::Timeout::new(ptr).build().user_data(user_data);
+        // SAFETY: the timespec is owned by the slot until the completion is reaped.
+        unsafe { self.push(entry) };
+        OpId(user_data)
+    }
+
+    /// Asks the kernel to cancel an operation; its completion still arrives (usually with
+    /// `ECANCELED`), and only then are its buffers released.
+    pub(crate) fn cancel(&mut self, op: OpId) {
+        let (user_data, _) = self.slot(0, Owned::Internal { _ts: None });
+        let entry = opcode::AsyncCancel::new(op.0).build().user_data(user_data);
+        // SAFETY: no buffers.
+        unsafe { self.push(entry) };
+    }
+
+    /// Submits what is queued and waits until at least one completion is there (or `timeout`
+    /// passed, when given). Interrupted waits simply return.
+    pub(crate) fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if !self.ring.completion().is_empty() {
+            return self.submit_only();
+        }
+        let result = match timeout {
+            None => self.ring.submit_and_wait(1).map(drop),
+            Some(timeout) => {
+                let ts = types::Timespec::from(timeout);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args).map(drop)
+            }
+        };
+        match result {
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn submit_only(&mut self) -> io::Result<()> {
+        match self.ring.submit() {
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        }
+    }
+
+    fn reap(&mut self) {
+        let completion = self.ring.completion();
+        self.reaped
+            .extend(completion.map(|cqe: cqueue::Entry| (cqe.user_data(), cqe.result())));
+    }
+
+    /// Takes every completion that arrived, with the buffers of its operation.
+    pub(crate) fn completions(&mut self, out: &mut Vec<(Tag, Completion)>) {
+        self.reap();
+        for (user_data, result) in std::mem::take(&mut self.reaped) {
+            let index = (user_data & 0xffff_ffff) as usize;
+            let generation = (user_data >> 32) as u32;
+            let Some(slot) = self.slots.get_mut(index) else {
+                continue;
+            };
+            if slot.generation != generation {
+                continue;
+            }
+            let Some((tag, owned)) = slot.op.take() else {
+                continue;
+            };
+            self.free.push(index as u32);
+            self.in_flight -= 1;
+            let outcome = if result < 0 {
+                Err(io::Error::from_raw_os_error(-result))
+            } else {
+                Ok(result as usize)
+            };
+            let completion = match owned {
+                Owned::Accept => Completion::Accept(outcome.map(|fd| {
+                    // SAFETY: a successful accept returns a new descriptor that nothing else
+                    // owns; the `TcpStream` takes it over and closes it.
+                    unsafe { TcpStream::from_raw_fd(fd as RawFd) }
+                })),
+                Owned::Recv(mut buf) => {
+                    if let Ok(n) = outcome {
+                        // SAFETY: the kernel initialised `n` bytes of the spare capacity that
+                        // `recv` reserved (n never exceeds the length it was given).
+                        unsafe { buf.set_len(buf.len() + n) };
+                    }
+                    Completion::Recv {
+                        buf,
+                        result: outcome,
+                    }
+                }
+                Owned::Send { bufs, .. } => Completion::Send {
+                    bufs,
+                    result: outcome,
+                },
+                Owned::Wake(_) => Completion::Wake,
+                Owned::Timer { .. } => Completion::Timer,
+                Owned::Internal { .. } => Completion::Internal,
+            };
+            out.push((tag, completion));
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if self.in_flight == 0 {
+            return;
+        }
+        let live: Vec<u64> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.op.is_some())
+            .map(|(index, slot)| (u64::from(slot.generation) << 32) | index as u64)
+            .collect();
+        for user_data in live {
+            self.cancel(OpId(user_data));
+        }
+        let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
+        let mut sink = Vec::new();
+        while self.in_flight > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || self.submit_and_wait(Some(left)).is_err() {
+                break;
+            }
+            self.completions(&mut sink);
+            sink.clear();
+        }
+        if self.in_flight > 0 {
+            // The kernel may still write into these buffers: leak them instead of freeing.
+            tracing::warn!(
+                operations = self.in_flight,
+                "io_uring operations did not finish; leaking their buffers"
+            );
+            for slot in &mut self.slots {
+                if let Some(op) = slot.op.take() {
+                    std::mem::forget(op);
+                }
+            }
+        }
+    }
+}
+
+/// Whether an operation ended because it was cancelled.
+pub(crate) fn cancelled(error: &io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ECANCELED)
+}
+
+/// An eventfd: other threads signal it, the ring waits on it with [`Ring::wait_wake`].
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<EventFd> {
+        // SAFETY: plain system call without pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `eventfd` returned a new descriptor that nothing else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one to the counter, waking a pending read.
+    pub(crate) fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live local array. A full counter (EAGAIN) already
+        // means a wake-up is pending, so the result needs no handling.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+}

@@ -1,0 +1,962 @@
+//! The io_uring server: accept loop, per-connection drivers, limits and graceful shutdown.
+//!
+//! Each ring thread owns one io_uring instance and serves many clients on it (with
+//! [`ServerConfig::rings`] > 1, each ring accepts on its own duplicate of the listener and keeps
+//! the clients it accepted). A connection has at most one socket operation in flight at a time,
+//! except while a SET_TENSOR chunk is being written to the backend, when the next chunk is
+//! already being received.
+//!
+//! Per connection the loop is the tokio shell's: drive the [`Core`] until it needs input, write
+//! its transmit queue with one `sendmsg` straight from the response `Bytes`, then receive —
+//! between messages into one reusable 64 KiB buffer, during a streamed write into a fresh buffer
+//! of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session whole so
+//! the backend gets the data without a second copy. Heavy events and comm link work go to a
+//! blocking thread with the whole `Core`; the ring goes on serving the others and the core
+//! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use proto_core::backend::Backend;
+use proto_core::dispatch::DispatcherConfig;
+use proto_core::graph::GraphLimits;
+use proto_core::session::{ServerEvent, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::tensor_cache::TensorCache;
+use proto_core::wire::ProtocolVersion;
+
+use crate::core::{ConnectionConfig, Core, Stop, Work};
+use crate::pool::Pool;
+use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
+
+/// Default for [`ServerConfig::max_clients`].
+pub const DEFAULT_MAX_CLIENTS: usize = 64;
+/// Default for [`ServerConfig::max_message_size`]: 256 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
+/// Default for [`ServerConfig::comm_timeout`].
+pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default for [`ServerConfig::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Default for [`ServerConfig::stream_chunk`]: 8 MiB (two are alive at once per streaming
+/// client: one being written to the backend, the next being received).
+pub const DEFAULT_STREAM_CHUNK: usize = 8 << 20;
+
+/// Bytes received at once between messages.
+const READ_SIZE: usize = 64 * 1024;
+/// How long a failing connection may take to flush the responses it already owed.
+const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause after a failed accept (out of file descriptors and similar).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// Submission queue entries per ring.
+const RING_ENTRIES: u32 = 512;
+/// Most blocking threads.
+const MAX_BLOCKING_THREADS: usize = 256;
+
+const TAG_ACCEPT: Tag = 0;
+const TAG_WAKE: Tag = 1;
+const TAG_GRACE: Tag = 2;
+const TAG_ACCEPT_RETRY: Tag = 3;
+
+/// Settings of a server (the same knobs as the tokio shell's, plus the ring layout).
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// The version announced in HELLO; its major selects the command table (7 or 8).
+    pub version: ProtocolVersion,
+    /// Most clients served at once; further connections are closed right after `accept`.
+    pub max_clients: usize,
+    /// Most bytes of buffers one client may hold (`None`: unlimited).
+    pub memory_quota: Option<u64>,
+    /// Largest buffered request (GRAPH_COMPUTE and the fixed-size commands).
+    pub max_message_size: u64,
+    /// The tensor cache, announced in HELLO flag bit 0.
+    pub tensor_cache: Option<Arc<dyn TensorCache>>,
+    /// Graph size limits of GRAPH_COMPUTE.
+    pub graph_limits: GraphLimits,
+    /// Bound on setting up a comm link and on each all-reduce exchange.
+    pub comm_timeout: Duration,
+    /// How long a shutdown waits for open connections before they are dropped.
+    pub shutdown_grace: Duration,
+    /// Ring threads (each serves the clients it accepted); at least 1.
+    pub rings: usize,
+    /// Size of each receive of streamed tensor data (at most 16 MiB).
+    pub stream_chunk: usize,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("version", &self.version)
+            .field("max_clients", &self.max_clients)
+            .field("memory_quota", &self.memory_quota)
+            .field("max_message_size", &self.max_message_size)
+            .field("tensor_cache", &self.tensor_cache.is_some())
+            .field("graph_limits", &self.graph_limits)
+            .field("comm_timeout", &self.comm_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("rings", &self.rings)
+            .field("stream_chunk", &self.stream_chunk)
+            .finish()
+    }
+}
+
+impl ServerConfig {
+    /// Defaults for a version: one ring, the tokio shell's limits.
+    pub fn new(version: ProtocolVersion) -> ServerConfig {
+        ServerConfig {
+            version,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            memory_quota: None,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            tensor_cache: None,
+            graph_limits: GraphLimits::default(),
+            comm_timeout: DEFAULT_COMM_TIMEOUT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            rings: 1,
+            stream_chunk: DEFAULT_STREAM_CHUNK,
+        }
+    }
+
+    fn connection_config(&self) -> io::Result<ConnectionConfig> {
+        let dialect = self.version.dialect().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("protocol version {} is not supported", self.version),
+            )
+        })?;
+        let mut session = ServerSessionConfig::new(dialect);
+        session.max_message_size = self.max_message_size;
+        let mut dispatcher = DispatcherConfig::new(self.version);
+        dispatcher.memory_quota = self.memory_quota;
+        dispatcher.graph_limits = self.graph_limits;
+        dispatcher.tensor_cache = self.tensor_cache.clone();
+        Ok(ConnectionConfig {
+            session,
+            dispatcher,
+            comm_timeout: self.comm_timeout,
+        })
+    }
+}
+
+/// A heavy piece of work that came back from a blocking thread.
+struct Returned {
+    tag: Tag,
+    core: Box<Core>,
+    stop: Stop,
+}
+
+/// Where blocking threads return cores to a ring.
+struct Mailbox {
+    returned: Mutex<Vec<Returned>>,
+    eventfd: EventFd,
+}
+
+impl Mailbox {
+    fn deliver(&self, returned: Returned) {
+        self.returned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(returned);
+        self.eventfd.wake();
+    }
+
+    fn take(&self) -> Vec<Returned> {
+        std::mem::take(
+            &mut *self
+                .returned
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+}
+
+struct Shared {
+    backend: Arc<dyn Backend>,
+    connection: ConnectionConfig,
+    max_clients: usize,
+    shutdown_grace: Duration,
+    stream_chunk: usize,
+    active: AtomicUsize,
+    stop: AtomicBool,
+    announced: AtomicBool,
+    mailboxes: Vec<Arc<Mailbox>>,
+    pool: Pool,
+}
+
+/// Asks a running [`Server`] to shut down (cheap to clone, usable from any thread).
+#[derive(Clone)]
+pub struct Stopper(Arc<Shared>);
+
+impl Stopper {
+    /// Stops accepting, closes idle clients, lets busy ones finish their current command.
+    pub fn stop(&self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        for mailbox in &self.0.mailboxes {
+            mailbox.eventfd.wake();
+        }
+    }
+}
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stopper").finish_non_exhaustive()
+    }
+}
+
+/// A running io_uring server.
+#[derive(Debug)]
+pub struct Server {
+    stopper: Stopper,
+    threads: Vec<JoinHandle<()>>,
+    local_addr: SocketAddr,
+}
+
+impl Server {
+    /// Starts serving clients accepted on `listener` on [`ServerConfig::rings`] ring threads.
+    ///
+    /// Fails, before anything is served, for an unsupported version, or when the kernel refuses
+    /// io_uring (the error then reads "io_uring is not available: ...").
+    pub fn start(
+        listener: TcpListener,
+        backend: Arc<dyn Backend>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
+        let connection = config.connection_config()?;
+        let local_addr = listener.local_addr()?;
+        let rings = config.rings.max(1);
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        let mut mailboxes = Vec::with_capacity(rings);
+        for _ in 0..rings {
+            mailboxes.push(Arc::new(Mailbox {
+                returned: Mutex::new(Vec::new()),
+                eventfd: EventFd::new()?,
+            }));
+        }
+        let shared = Arc::new(Shared {
+            backend,
+            connection,
+            max_clients: config.max_clients,
+            shutdown_grace: config.shutdown_grace,
+            stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
+            active: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            announced: AtomicBool::new(false),
+            mailboxes,
+            pool: Pool::new(MAX_BLOCKING_THREADS, dispatch.clone()),
+        });
+        let mut listeners = Vec::with_capacity(rings);
+        for _ in 1..rings {
+            listeners.push(listener.try_clone()?);
+        }
+        listeners.push(listener);
+        let mut server = Server {
+            stopper: Stopper(shared.clone()),
+            threads: Vec::with_capacity(rings),
+            local_addr,
+        };
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+            let shared = shared.clone();
+            let dispatch = dispatch.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("rpc-uring-{index}"))
+                .spawn(move || {
+                    let _dispatch = tracing::dispatcher::set_default(&dispatch);
+                    match Ring::new(RING_ENTRIES) {
+                        Err(error) => {
+                            let _ = ready_tx.send(Err(error));
+                        }
+                        Ok(ring) => {
+                            let _ = ready_tx.send(Ok(()));
+                            let mailbox = shared.mailboxes[index].clone();
+                            Loop::new(ring, shared, mailbox, listener).run();
+                        }
+                    }
+                })?;
+            server.threads.push(thread);
+            let ready = ready_rx
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("the ring thread died")));
+            if let Err(error) = ready {
+                server.stop();
+                server.join();
+                return Err(io::Error::new(
+                    error.kind(),
+                    format!("io_uring is not available: {error}"),
+                ));
+            }
+        }
+        Ok(server)
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A handle that shuts the server down from anywhere.
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Asks the server to shut down (see [`Stopper::stop`]); [`join`](Self::join) waits.
+    pub fn stop(&self) {
+        self.stopper.stop();
+    }
+
+    /// Waits until every ring thread has ended: after a [`stop`](Self::stop), once every
+    /// connection closed or the grace period ran out. Every buffer the clients held is freed by
+    /// then (except those of commands still running on a blocking thread after the grace
+    /// period, which are freed when the command ends).
+    pub fn join(mut self) {
+        for thread in self.threads.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a ring thread panicked");
+            }
+        }
+        self.stopper.0.pool.close();
+    }
+}
+
+/// Checks that this kernel lets this process use io_uring with the operations the server needs.
+pub fn probe() -> io::Result<()> {
+    Ring::new(8)
+        .map(drop)
+        .map_err(|error| io::Error::new(error.kind(), format!("io_uring is not available: {error}")))
+}
+
+/// How a connection ended (for the log).
+enum Ending {
+    ByClient,
+    Shutdown,
+    Protocol(proto_core::Error),
+    Io(io::Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    /// Receiving between messages (cancelled by a shutdown).
+    Idle,
+    /// Receiving streamed tensor data.
+    Stream,
+    Send,
+}
+
+enum AfterSend {
+    Continue,
+    Offload(Work),
+    Close(Ending),
+}
+
+struct Conn {
+    stream: TcpStream,
+    span: tracing::Span,
+    /// `None` while on a blocking thread.
+    core: Option<Box<Core>>,
+    read_buf: BytesMut,
+    op: Option<(OpId, OpKind)>,
+    /// Streamed data received while the core was away.
+    stash: Option<(BytesMut, io::Result<usize>)>,
+    after_send: AfterSend,
+    /// What the blocking thread returned while an operation was still in flight.
+    parked: Option<Stop>,
+    /// Set when the connection fails while an operation is in flight: close once it is done.
+    ending: Option<Ending>,
+}
+
+/// Connections of one ring, addressed by tags that are never reused (index + generation).
+#[derive(Default)]
+struct Conns {
+    slots: Vec<(u32, Option<Conn>)>,
+    free: Vec<usize>,
+    len: usize,
+}
+
+impl Conns {
+    fn insert(&mut self, conn: Conn) -> Tag {
+        let index = self.free.pop().unwrap_or_else(|| {
+            self.slots.push((0, None));
+            self.slots.len() - 1
+        });
+        let slot = &mut self.slots[index];
+        // Generation 0 is reserved for the ring's own tags.
+        slot.0 = slot.0.checked_add(1).unwrap_or(1);
+        slot.1 = Some(conn);
+        self.len += 1;
+        (u64::from(slot.0) << 32) | index as u64
+    }
+
+    fn split(tag: Tag) -> (usize, u32) {
+        ((tag & 0xffff_ffff) as usize, (tag >> 32) as u32)
+    }
+
+    fn get_mut(&mut self, tag: Tag) -> Option<&mut Conn> {
+        let (index, generation) = Conns::split(tag);
+        match self.slots.get_mut(index) {
+            Some((g, Some(conn))) if *g == generation => Some(conn),
+            _ => None,
+        }
+    }
+
+    fn remove(&mut self, tag: Tag) -> Option<Conn> {
+        let (index, generation) = Conns::split(tag);
+        match self.slots.get_mut(index) {
+            Some((g, conn @ Some(_))) if *g == generation => {
+                self.free.push(index);
+                self.len -= 1;
+                conn.take()
+            }
+            _ => None,
+        }
+    }
+
+    fn tags(&self) -> Vec<Tag> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, conn))| conn.is_some())
+            .map(|(index, (generation, _))| (u64::from(*generation) << 32) | index as u64)
+            .collect()
+    }
+}
+
+/// One ring thread's event loop.
+struct Loop {
+    ring: Ring,
+    shared: Arc<Shared>,
+    mailbox: Arc<Mailbox>,
+    listener: Option<TcpListener>,
+    accept_op: Option<OpId>,
+    conns: Conns,
+    stopping: bool,
+}
+
+impl Loop {
+    fn new(ring: Ring, shared: Arc<Shared>, mailbox: Arc<Mailbox>, listener: TcpListener) -> Loop {
+        Loop {
+            ring,
+            shared,
+            mailbox,
+            listener: Some(listener),
+            accept_op: None,
+            conns: Conns::default(),
+            stopping: false,
+        }
+    }
+
+    fn run(mut self) {
+        self.post_accept();
+        self.ring.wait_wake(TAG_WAKE, &self.mailbox.eventfd);
+        let mut batch = Vec::new();
+        while !(self.stopping && self.listener.is_none() && self.conns.len == 0) {
+            if let Err(error) = self.ring.submit_and_wait(None) {
+                tracing::error!(%error, "io_uring wait failed; closing every connection");
+                break;
+            }
+            self.ring.completions(&mut batch);
+            for (tag, completion) in batch.drain(..) {
+                self.on_completion(tag, completion);
+            }
+        }
+        for tag in self.conns.tags() {
+            self.drop_conn(tag);
+        }
+    }
+
+    fn on_completion(&mut self, tag: Tag, completion: Completion) {
+        match completion {
+            Completion::Internal => {}
+            Completion::Accept(result) => self.on_accept(result),
+            Completion::Wake => self.on_wake(),
+            Completion::Timer if tag == TAG_GRACE => self.on_grace(),
+            Completion::Timer => self.post_accept(),
+            Completion::Recv { buf, result } => self.on_recv(tag, buf, result),
+            Completion::Send { bufs, result } => self.on_send(tag, bufs, result),
+        }
+    }
+
+    fn post_accept(&mut self) {
+        if self.stopping || self.accept_op.is_some() {
+            return;
+        }
+        if let Some(listener) = &self.listener {
+            self.accept_op = Some(self.ring.accept(TAG_ACCEPT, listener.as_raw_fd()));
+        }
+    }
+
+    fn on_accept(&mut self, result: io::Result<TcpStream>) {
+        self.accept_op = None;
+        if self.stopping {
+            // Cancelled (or a client that raced the shutdown: dropped).
+            self.listener = None;
+            return;
+        }
+        let stream = match result {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, kind = %error.kind(), "accept failed");
+                self.ring.timer(TAG_ACCEPT_RETRY, ACCEPT_RETRY);
+                return;
+            }
+        };
+        self.post_accept();
+        let peer = match stream.peer_addr() {
+            Ok(peer) => peer,
+            Err(error) => {
+                tracing::warn!(%error, kind = %error.kind(), "accept failed");
+                return;
+            }
+        };
+        let shared = &self.shared;
+        if shared.active.fetch_add(1, Ordering::SeqCst) >= shared.max_clients {
+            shared.active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(
+                %peer,
+                max_clients = shared.max_clients,
+                "refusing client connection: too many clients"
+            );
+            return;
+        }
+        let span = tracing::info_span!("client", %peer);
+        let core = {
+            let _entered = span.enter();
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
+            }
+            tracing::info!("Accepted client connection");
+            Core::new(shared.backend.clone(), &shared.connection)
+        };
+        let conn = Conn {
+            stream,
+            span,
+            core: None,
+            read_buf: BytesMut::new(),
+            op: None,
+            stash: None,
+            after_send: AfterSend::Continue,
+            parked: None,
+            ending: None,
+        };
+        let tag = self.conns.insert(conn);
+        match core {
+            Ok(core) => {
+                if let Some(conn) = self.conns.get_mut(tag) {
+                    conn.core = Some(Box::new(core));
+                }
+                self.advance(tag, None);
+            }
+            Err(error) => self.finish(tag, Ending::Protocol(error)),
+        }
+    }
+
+    fn on_wake(&mut self) {
+        self.ring.wait_wake(TAG_WAKE, &self.mailbox.eventfd);
+        if self.shared.stop.load(Ordering::SeqCst) && !self.stopping {
+            self.begin_stop();
+        }
+        for returned in self.mailbox.take() {
+            self.on_returned(returned);
+        }
+    }
+
+    fn begin_stop(&mut self) {
+        self.stopping = true;
+        if !self.shared.announced.swap(true, Ordering::SeqCst) {
+            tracing::info!(
+                open_connections = self.shared.active.load(Ordering::SeqCst),
+                "shutting down: no longer accepting clients"
+            );
+        }
+        match self.accept_op {
+            Some(op) => self.ring.cancel(op),
+            None => self.listener = None,
+        }
+        for tag in self.conns.tags() {
+            if let Some(conn) = self.conns.get_mut(tag) {
+                if let Some((op, OpKind::Idle)) = conn.op {
+                    self.ring.cancel(op);
+                }
+            }
+        }
+        if self.conns.len > 0 {
+            self.ring.timer(TAG_GRACE, self.shared.shutdown_grace);
+        }
+    }
+
+    fn on_grace(&mut self) {
+        if self.conns.len == 0 {
+            return;
+        }
+        tracing::warn!(
+            open_connections = self.conns.len,
+            "grace period over: dropping the remaining connections"
+        );
+        for tag in self.conns.tags() {
+            self.drop_conn(tag);
+        }
+    }
+
+    /// Drops a connection without further ado (its operation, if any, is cancelled; a core on
+    /// a blocking thread is dropped when it comes back).
+    fn drop_conn(&mut self, tag: Tag) {
+        if let Some(conn) = self.conns.remove(tag) {
+            if let Some((op, _)) = conn.op {
+                self.ring.cancel(op);
+            }
+            drop(conn);
+            self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn on_returned(&mut self, returned: Returned) {
+        let Returned { tag, core, stop } = returned;
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        conn.core = Some(core);
+        if conn.ending.is_some() {
+            if conn.op.is_none() {
+                if let Some(ending) = conn.ending.take() {
+                    self.finish(tag, ending);
+                }
+            }
+            return;
+        }
+        match stop {
+            Stop::Failed(error) => self.fail(tag, error),
+            // The operation in flight (the previous reply piece being sent, the next data chunk
+            // being received) continues the connection when it completes.
+            stop if conn.op.is_some() => conn.parked = Some(stop),
+            stop => self.resume(tag, stop),
+        }
+    }
+
+    /// Continues a connection whose core came back, with no operation in flight.
+    fn resume(&mut self, tag: Tag, stop: Stop) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        if let Some((buf, result)) = conn.stash.take() {
+            if !matches!(stop, Stop::Idle) {
+                return self.fail(
+                    tag,
+                    proto_core::Error::InvalidState("work returned during a streamed write"),
+                );
+            }
+            return self.stream_received(tag, buf, result);
+        }
+        self.advance(tag, not_idle(stop));
+    }
+
+    /// Drives the connection's core and starts its next socket operation.
+    fn advance(&mut self, tag: Tag, first: Option<Stop>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(core) = conn.core.as_mut() else {
+            return;
+        };
+        let stop = match first {
+            Some(stop) => stop,
+            None => {
+                let _entered = conn.span.enter();
+                core.drive(false)
+            }
+        };
+        match stop {
+            Stop::Failed(error) => return self.fail(tag, error),
+            Stop::Work(Work::Reply) => {
+                // The piece read last is sent while the next one is read.
+                if !core.outbox.is_empty() {
+                    self.send_outbox(tag, AfterSend::Continue, None);
+                }
+                return self.offload(tag, Work::Reply);
+            }
+            Stop::Work(work) => {
+                if core.outbox.is_empty() {
+                    return self.offload(tag, work);
+                }
+                // Responses first: the client may be waiting for them.
+                return self.send_outbox(tag, AfterSend::Offload(work), None);
+            }
+            Stop::Idle => {}
+        }
+        if !core.outbox.is_empty() {
+            return self.send_outbox(tag, AfterSend::Continue, None);
+        }
+        let fd = conn.stream.as_raw_fd();
+        let remaining = core.session.stream_remaining();
+        if remaining > 0 {
+            // Streamed tensor data: finished even during shutdown (the grace period bounds it).
+            let want = usize::try_from(remaining)
+                .unwrap_or(usize::MAX)
+                .min(self.shared.stream_chunk);
+            let op = self
+                .ring
+                .recv(tag, fd, BytesMut::with_capacity(want), want, true);
+            conn.op = Some((op, OpKind::Stream));
+            return;
+        }
+        if self.stopping {
+            return self.finish(tag, Ending::Shutdown);
+        }
+        let buf = std::mem::take(&mut conn.read_buf);
+        let op = self.ring.recv(tag, fd, buf, READ_SIZE, false);
+        conn.op = Some((op, OpKind::Idle));
+    }
+
+    /// Hands the core and `work` to a blocking thread. While a data chunk is written to the
+    /// backend there, the next chunk is already being received here.
+    fn offload(&mut self, tag: Tag, work: Work) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(mut core) = conn.core.take() else {
+            return;
+        };
+        let remaining = core.session.stream_remaining();
+        if matches!(work, Work::Event(ServerEvent::TensorData(_)))
+            && remaining > 0
+            && conn.op.is_none()
+        {
+            let want = usize::try_from(remaining)
+                .unwrap_or(usize::MAX)
+                .min(self.shared.stream_chunk);
+            let fd = conn.stream.as_raw_fd();
+            let op = self
+                .ring
+                .recv(tag, fd, BytesMut::with_capacity(want), want, true);
+            conn.op = Some((op, OpKind::Stream));
+        }
+        let mailbox = self.mailbox.clone();
+        let span = conn.span.clone();
+        self.shared.pool.execute(move || {
+            let stop = span.in_scope(|| core.run(work));
+            mailbox.deliver(Returned { tag, core, stop });
+        });
+    }
+
+    fn send_outbox(&mut self, tag: Tag, after: AfterSend, timeout: Option<Duration>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(core) = conn.core.as_mut() else {
+            return;
+        };
+        let bufs = std::mem::take(&mut core.outbox);
+        conn.after_send = after;
+        let op = self
+            .ring
+            .send(tag, conn.stream.as_raw_fd(), bufs, timeout);
+        conn.op = Some((op, OpKind::Send));
+    }
+
+    fn on_send(&mut self, tag: Tag, mut bufs: Vec<Bytes>, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        conn.op = None;
+        let home = conn.core.is_some();
+        if let Some(ending) = conn.ending.take() {
+            if home {
+                return self.finish(tag, ending);
+            }
+            conn.ending = Some(ending);
+            return;
+        }
+        let result = result.and_then(|sent| {
+            if sent == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            advance_bufs(&mut bufs, sent);
+            Ok(())
+        });
+        if let Err(error) = result {
+            return match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
+                AfterSend::Close(ending) => self.finish(tag, ending),
+                _ if home => self.finish(tag, Ending::Io(error)),
+                // Closed when the core comes back from its blocking thread.
+                _ => conn.ending = Some(Ending::Io(error)),
+            };
+        }
+        if !bufs.is_empty() {
+            // A partial send: the rest goes out in the next one.
+            let timeout = matches!(conn.after_send, AfterSend::Close(_)).then_some(FINAL_FLUSH_TIMEOUT);
+            let op = self
+                .ring
+                .send(tag, conn.stream.as_raw_fd(), bufs, timeout);
+            conn.op = Some((op, OpKind::Send));
+            return;
+        }
+        if !home {
+            // The core comes back through the mailbox and continues the connection.
+            return;
+        }
+        let parked = conn.parked.take().and_then(not_idle);
+        match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
+            AfterSend::Continue => self.advance(tag, parked),
+            AfterSend::Offload(work) => self.offload(tag, work),
+            AfterSend::Close(ending) => self.finish(tag, ending),
+        }
+    }
+
+    fn on_recv(&mut self, tag: Tag, buf: BytesMut, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let kind = conn.op.take().map(|(_, kind)| kind);
+        if conn.core.is_none() {
+            conn.stash = Some((buf, result));
+            return;
+        }
+        if let Some(ending) = conn.ending.take() {
+            return self.finish(tag, ending);
+        }
+        if let Some(parked) = conn.parked.take().and_then(not_idle) {
+            // Only an idle core comes back while the next data chunk is received.
+            drop(parked);
+            return self.fail(
+                tag,
+                proto_core::Error::InvalidState("work returned during a streamed write"),
+            );
+        }
+        match kind {
+            Some(OpKind::Stream) => self.stream_received(tag, buf, result),
+            _ => self.idle_received(tag, buf, result),
+        }
+    }
+
+    fn idle_received(&mut self, tag: Tag, mut buf: BytesMut, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(core) = conn.core.as_mut() else {
+            return;
+        };
+        match result {
+            Ok(0) => {
+                let ending = match core.session.handle_eof() {
+                    Ok(()) => Ending::ByClient,
+                    Err(error) => Ending::Protocol(error),
+                };
+                self.finish(tag, ending);
+            }
+            Ok(_) => {
+                let data = buf.split().freeze();
+                conn.read_buf = buf;
+                core.session.handle_input(data);
+                self.advance(tag, None);
+            }
+            Err(error) if ring::cancelled(&error) && self.stopping => {
+                self.finish(tag, Ending::Shutdown)
+            }
+            Err(error) => self.finish(tag, Ending::Io(error)),
+        }
+    }
+
+    fn stream_received(&mut self, tag: Tag, buf: BytesMut, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(core) = conn.core.as_mut() else {
+            return;
+        };
+        match result {
+            Ok(0) => {
+                let ending = match core.session.handle_eof() {
+                    Ok(()) => Ending::ByClient,
+                    Err(error) => Ending::Protocol(error),
+                };
+                self.finish(tag, ending);
+            }
+            Ok(_) => {
+                // A short receive (the stream ended, or the kernel stopped early) is handed over
+                // as it is; the next receive asks for the rest.
+                core.session.handle_input(buf.freeze());
+                self.advance(tag, None);
+            }
+            Err(error) => self.finish(tag, Ending::Io(error)),
+        }
+    }
+
+    /// The connection failed: responses it already owed still go out (bounded in time), then
+    /// it closes.
+    fn fail(&mut self, tag: Tag, error: proto_core::Error) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        if let Some((op, _)) = conn.op {
+            self.ring.cancel(op);
+            conn.ending = Some(Ending::Protocol(error));
+            return;
+        }
+        let owed = conn.core.as_ref().is_some_and(|core| !core.outbox.is_empty());
+        if owed {
+            self.send_outbox(
+                tag,
+                AfterSend::Close(Ending::Protocol(error)),
+                Some(FINAL_FLUSH_TIMEOUT),
+            );
+        } else {
+            self.finish(tag, Ending::Protocol(error));
+        }
+    }
+
+    /// Closes a connection (no operation in flight): its buffers are freed first, then the
+    /// socket is closed, then the ending is logged.
+    fn finish(&mut self, tag: Tag, ending: Ending) {
+        let Some(conn) = self.conns.remove(tag) else {
+            return;
+        };
+        let Conn {
+            stream, span, core, ..
+        } = conn;
+        drop(core);
+        drop(stream);
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        let _entered = span.enter();
+        match ending {
+            Ending::ByClient => tracing::info!("Client connection closed"),
+            Ending::Shutdown => tracing::info!("Client connection closed: server shutting down"),
+            Ending::Protocol(error) => tracing::warn!(
+                %error,
+                kind = %error.kind(),
+                "Client connection closed on error"
+            ),
+            Ending::Io(error) => tracing::warn!(
+                %error,
+                kind = %error.kind(),
+                "Client connection closed on I/O error"
+            ),
+        }
+    }
+}
+
+/// `None` for [`Stop::Idle`] (the core is driven again), the stop itself otherwise.
+fn not_idle(stop: Stop) -> Option<Stop> {
+    match stop {
+        Stop::Idle => None,
+        stop => Some(stop),
+    }
+}
+
+/// Drops `sent` bytes from the front of a send queue.
+fn advance_bufs(bufs: &mut Vec<Bytes>, mut sent: usize) {
+    let mut done = 0;
+    for buf in bufs.iter_mut() {
+        if sent == 0 {
+            break;
+        }
+        let step = sent.min(buf.len());
+        buf.advance(step);
+        sent -= step;
+        if buf.is_empty() {
+            done += 1;
+        }
+    }
+    bufs.drain(..done);
+}

@@ -1,0 +1,161 @@
+//! Interop (a): OUR client (`shell_tokio::Client`) against llama.cpp's REAL servers.
+//!
+//! * protocol 7: llama.cpp b11434's `ggml-rpc-server -d CPU -c` (built by
+//!   `scripts/peer/build-b11434.sh`);
+//! * protocol 8: llama.cpp b11739's server in its Debian 13 chroot (set up by
+//!   `scripts/peer/setup-b11739.sh`), with `--cache`.
+//!
+//! Each test checks the HELLO version rule both ways (the right major connects, the other is
+//! refused by our client, `connect_auto` lands on the server's major), runs the command
+//! scenario of `tests/interop/scenario.rs` (every command, byte-exact round trips of 1 byte,
+//! odd sizes at odd offsets, 1 MiB, 64 MiB and 256 MiB, addresses built from BUFFER_GET_BASE),
+//! and then runs the same scenario against OUR server in-process and compares the
+//! server-independent answers (alignment, max size, alloc sizes, copy and cache results, ...).
+//!
+//! A missing peer fails the test with the script to run; nothing is skipped.
+
+#[path = "../interop/harness.rs"]
+mod harness;
+#[path = "../interop/scenario.rs"]
+mod scenario;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use proto_core::wire::ProtocolVersion;
+use shell_tokio::Client;
+
+use harness::{OurServer, Proc};
+use scenario::{diff_facts, Facts, Options};
+
+const MIB: usize = 1 << 20;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Checks the HELLO rules against a server speaking `version`, then runs the scenario on a
+/// fresh connection. `server` (when given) is the reference process, whose log is shown on
+/// failure.
+fn exercise(addr: SocketAddr, version: ProtocolVersion, options: &Options, server: Option<&mut Proc>, what: &str) -> Facts {
+    let rt = runtime();
+    let result: Result<Facts, String> = rt.block_on(async {
+        let deadline = Duration::from_secs(30);
+        let other = if version.major == 7 { ProtocolVersion::V8_0_0 } else { ProtocolVersion::V7_0_0 };
+        // The other major: our client must refuse the server (same rule as llama.cpp's client).
+        match tokio::time::timeout(deadline, Client::connect(addr, other)).await {
+            Err(_) => return Err(format!("HELLO speaking {other}: no answer")),
+            Ok(Ok(_)) => return Err(format!("our client speaking {other} accepted a {version} server")),
+            Ok(Err(e)) => {
+                if e.version_mismatch() != Some(version) {
+                    return Err(format!("HELLO speaking {other}: expected a version mismatch naming {version}, got {e}"));
+                }
+            }
+        }
+        // connect_auto tries 8 first and falls back to the server's major.
+        let auto = tokio::time::timeout(deadline, Client::connect_auto(addr))
+            .await
+            .map_err(|_| "connect_auto: no answer".to_string())?
+            .map_err(|e| format!("connect_auto: {e}"))?;
+        if auto.server_version() != version {
+            return Err(format!("connect_auto: server version {}", auto.server_version()));
+        }
+        drop(auto);
+        // The real session.
+        let mut client = tokio::time::timeout(deadline, Client::connect(addr, version))
+            .await
+            .map_err(|_| "HELLO: no answer".to_string())?
+            .map_err(|e| format!("HELLO: {e}"))?;
+        if client.server_version() != version {
+            return Err(format!("HELLO: server version {}", client.server_version()));
+        }
+        if client.hello().caps != [0; 24] {
+            return Err(format!("HELLO: non-zero transport caps {:?} with GGML_RPC_NO_RDMA", client.hello().caps));
+        }
+        let facts = scenario::run(&mut client, options).await?;
+        client.close().await.map_err(|e| format!("close: {e}"))?;
+        Ok(facts)
+    });
+    match result {
+        Ok(facts) => facts,
+        Err(error) => {
+            let log = server.map(|p| format!("\n{} log:\n{}", p.name, p.log())).unwrap_or_default();
+            panic!("our client against {what} ({addr}): {error}{log}");
+        }
+    }
+}
+
+fn assert_same_facts(theirs: &Facts, ours: &Facts, what: &str) {
+    let diff = diff_facts(theirs, ours);
+    assert!(
+        diff.is_empty(),
+        "{what}: our server answers differently from llama.cpp's:\n  {}\n(llama.cpp: {theirs:#?})",
+        diff.join("\n  ")
+    );
+}
+
+#[test]
+fn our_client_against_llama_b11434_server_protocol_7() {
+    let peer = harness::b11434();
+    let logs = tempfile::tempdir().expect("tempdir");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (mut server, addr) = harness::start_b11434_server(&peer, logs.path(), Some(cache.path()));
+    let options = Options {
+        big_sizes: vec![MIB, 64 * MIB, 256 * MIB],
+        server_has_cache: true,
+    };
+    let theirs = exercise(addr, ProtocolVersion::V7_0_0, &options, Some(&mut server), "llama.cpp b11434 ggml-rpc-server");
+    server.assert_alive("after the scenario");
+    // the reference stored the SET_TENSOR with cache_flag 1 as <hash as 16 hex digits>
+    let stored: Vec<String> = std::fs::read_dir(cache.path().join("rpc"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        stored.iter().any(|n| n.len() == 16 && n.chars().all(|c| c.is_ascii_hexdigit())),
+        "llama.cpp's server did not store the cache_flag=1 upload (files: {stored:?})"
+    );
+    drop(server);
+
+    // the same scenario against our server: same answers
+    let ours_cache = tempfile::tempdir().expect("tempdir");
+    let ours = OurServer::start(ProtocolVersion::V7_0_0, Some(ours_cache.path()));
+    let small = Options { big_sizes: vec![MIB], server_has_cache: true };
+    let facts = exercise(ours.addr, ProtocolVersion::V7_0_0, &small, None, "our server (protocol 7)");
+    assert_same_facts(&theirs, &facts, "protocol 7");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
+
+#[test]
+fn our_client_against_llama_b11739_server_protocol_8() {
+    let peer = harness::b11739();
+    let logs = tempfile::tempdir().expect("tempdir");
+    // the cache directory lives inside the chroot
+    let inside = format!("/tmp/interop-cache-{}-{}", std::process::id(), harness::unique());
+    let host_cache = peer.chroot.join(inside.trim_start_matches('/'));
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(host_cache.clone());
+    let (mut server, addr) = harness::start_b11739_server(&peer, logs.path(), Some(&inside));
+    let options = Options {
+        big_sizes: vec![MIB, 64 * MIB, 256 * MIB],
+        server_has_cache: true,
+    };
+    let theirs = exercise(addr, ProtocolVersion::V8_0_0, &options, Some(&mut server), "llama.cpp b11739 rpc server");
+    server.assert_alive("after the scenario");
+    drop(server);
+
+    let ours_cache = tempfile::tempdir().expect("tempdir");
+    let ours = OurServer::start(ProtocolVersion::V8_0_0, Some(ours_cache.path()));
+    let small = Options { big_sizes: vec![MIB], server_has_cache: true };
+    let facts = exercise(ours.addr, ProtocolVersion::V8_0_0, &small, None, "our server (protocol 8)");
+    assert_same_facts(&theirs, &facts, "protocol 8");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}

@@ -1,0 +1,134 @@
+//! Interop (b): llama.cpp's OWN client against OUR server.
+//!
+//! * `llama_multi_server_script_*`: the sdist's `tests/test-rpc-multi-server.sh` with
+//!   b11434's `test-rpc-multi-server` client, first against llama.cpp's server (control), then
+//!   against our `ggml-rpc-server --protocol 7` binary through a wrapper script.
+//! * `llama_c_client_*`: `tests/interop/rpc_client_check.c`, linked against b11434's
+//!   libggml/libggml-rpc/libggml-base, drives every protocol-7 command through the public ggml
+//!   API and checks every byte; run against llama.cpp's server (control) and our server
+//!   (in-process, with a tensor cache), whose answers ("fact" lines) must agree.
+//! * `llama_py_client_*`: `tests/interop/rpc_client_check.py`, the same checks plus
+//!   SET/GET_TENSOR_2D through b11739's libraries with ctypes, run inside the b11739 chroot,
+//!   against llama.cpp b11739's server (control) and our protocol-8 server.
+//!
+//! A missing peer fails the test with the script to run; nothing is skipped.
+
+#[path = "../interop/harness.rs"]
+mod harness;
+
+use std::process::Command;
+use std::time::Duration;
+
+use proto_core::wire::ProtocolVersion;
+
+use harness::OurServer;
+
+/// The "fact ..." lines of a check program's output.
+fn facts(output: &str) -> Vec<&str> {
+    output.lines().filter(|l| l.starts_with("fact ")).collect()
+}
+
+fn assert_same_facts(theirs: &str, ours: &str, what: &str) {
+    let (a, b) = (facts(theirs), facts(ours));
+    assert!(!a.is_empty(), "{what}: no fact lines from the control run:\n{theirs}");
+    assert_eq!(
+        a, b,
+        "{what}: llama.cpp's client sees different answers from our server than from llama.cpp's \
+         server (left: llama.cpp's server, right: ours)"
+    );
+}
+
+#[test]
+fn llama_multi_server_script_against_our_server_protocol_7() {
+    let peer = harness::b11434();
+    let script = peer.multi_server_script();
+    let client = peer.multi_server_client();
+
+    // Control: the upstream scenario with upstream's server must pass, or the peer is broken.
+    let mut control = Command::new("bash");
+    control
+        .arg(&script)
+        .arg(peer.rpc_server())
+        .arg(&client)
+        .env("GGML_RPC_NO_RDMA", "1");
+    let (status, output) = harness::run_with_timeout("test-rpc-multi-server.sh (llama.cpp's server)", &mut control, Duration::from_secs(120));
+    assert!(status.success(), "the upstream scenario fails with upstream's own server ({status}):\n{output}");
+
+    // Ours: the script starts `<server> --device CPU --host 127.0.0.1 --port P` twice; the
+    // wrapper adds --protocol 7 and keeps a copy of each server's log (the script deletes its).
+    let server = harness::our_server_binary();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join("our-ggml-rpc-server");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec '{}' --protocol 7 \"$@\" 2>>'{}/server-$$.log'\n",
+            server.display(),
+            dir.path().display()
+        ),
+    )
+    .expect("write wrapper");
+    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).unwrap();
+    let mut ours = Command::new("bash");
+    ours.arg(&script).arg(&wrapper).arg(&client).env("GGML_RPC_NO_RDMA", "1");
+    let (status, output) = harness::run_with_timeout("test-rpc-multi-server.sh (our server)", &mut ours, Duration::from_secs(120));
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("server-") {
+            logs.push_str(&format!(
+                "--- {}:\n{}\n",
+                entry.file_name().to_string_lossy(),
+                std::fs::read_to_string(entry.path()).unwrap_or_default()
+            ));
+        }
+    }
+    assert!(
+        status.success(),
+        "upstream's test-rpc-multi-server.sh fails with our ggml-rpc-server --protocol 7 \
+         ({status}):\n{output}\nour server logs:\n{logs}"
+    );
+}
+
+#[test]
+fn llama_c_client_against_our_server_protocol_7() {
+    let peer = harness::b11434();
+    let logs = tempfile::tempdir().expect("tempdir");
+
+    // Control: the check passes against llama.cpp's own server.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (mut server, addr) = harness::start_b11434_server(&peer, logs.path(), Some(cache.path()));
+    let theirs = harness::run_c_check(&peer, &addr.to_string(), &["--big", "64"], "llama.cpp b11434's server");
+    server.assert_alive("after the C check");
+    drop(server);
+
+    // Ours, twice on one server (the second run finds the weight in the tensor cache).
+    let ours_cache = tempfile::tempdir().expect("tempdir");
+    let ours = OurServer::start(ProtocolVersion::V7_0_0, Some(ours_cache.path()));
+    let first = harness::run_c_check(&peer, &ours.endpoint(), &["--big", "64"], "our server (protocol 7)");
+    assert_same_facts(&theirs, &first, "protocol 7, C client");
+    let second = harness::run_c_check(&peer, &ours.endpoint(), &[], "our server (protocol 7), second run");
+    assert_same_facts(&theirs, &second, "protocol 7, C client, second run");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
+
+#[test]
+fn llama_py_client_against_our_server_protocol_8() {
+    let peer = harness::b11739();
+    let logs = tempfile::tempdir().expect("tempdir");
+
+    // Control: the check passes against llama.cpp b11739's own server.
+    let (mut server, addr) = harness::start_b11739_server(&peer, logs.path(), None);
+    let theirs = harness::run_py_check(&peer, &addr.to_string(), &["--big", "64"], "llama.cpp b11739's server");
+    server.assert_alive("after the Python check");
+    drop(server);
+
+    let ours_cache = tempfile::tempdir().expect("tempdir");
+    let ours = OurServer::start(ProtocolVersion::V8_0_0, Some(ours_cache.path()));
+    let first = harness::run_py_check(&peer, &ours.endpoint(), &["--big", "64"], "our server (protocol 8)");
+    assert_same_facts(&theirs, &first, "protocol 8, Python client");
+    let second = harness::run_py_check(&peer, &ours.endpoint(), &[], "our server (protocol 8), second run");
+    assert_same_facts(&theirs, &second, "protocol 8, Python client, second run");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
