@@ -15,8 +15,10 @@
 //! The table itself sits behind one `RwLock` that is held only long enough to clone an
 //! `Arc<HostBuffer>` (or to insert/remove one); each buffer's bytes have their own `RwLock`.
 //! Transfers of different buffers therefore never wait for each other, and reads of one buffer
-//! can run side by side. An operation that locks two buffers (a copy) locks them in ascending
-//! [`BufferId`] order, so two opposite copies between the same pair cannot deadlock.
+//! can run side by side. An operation that locks several buffers locks them in ascending
+//! [`BufferId`] order — a copy its two, a graph computation every buffer its computed nodes
+//! touch (write locks, held for the whole graph, see `compute`) — so no two of them can
+//! deadlock.
 //!
 //! # Accounting
 //! Each buffer decrements the shared counters when it is dropped, i.e. when the last `Arc` goes

@@ -18,8 +18,13 @@
 //!
 //! Module layout:
 //! * `buffers`: host memory (allocation, per-buffer locks, bounds checks, accounting);
-//! * `compute`: graph execution; today only the admission check, the engine goes there;
+//! * `compute`: graph execution — planning and checking every node, then running ggml's ops on
+//!   the locked buffers with `-t N` threads (`compute/mod.rs` says where each part is);
 //! * `meminfo`: the host's memory figures and CPU name.
+//!
+//! `unsafe` is denied crate-wide and allowed in exactly two modules, each block with a
+//! `// SAFETY:` argument: `compute/memory.rs` (raw access to the locked buffers' bytes, checked
+//! once per node) and `compute/quant/simd.rs` (CPU-feature dispatch and AVX2 intrinsics).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -41,8 +46,8 @@ pub const UNKNOWN_MEMORY: DeviceMemory = DeviceMemory { free: 0, total: 0 };
 /// Settings of a [`CpuBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuConfig {
-    /// Worker threads for graph compute (`-t N`). Stored now, used by the compute engine; 0 is
-    /// taken as 1 because a compute pool needs at least one thread.
+    /// Threads for graph compute (`-t N`), the calling thread included; 0 is taken as 1
+    /// because a compute pool needs at least one thread.
     pub threads: usize,
 }
 
@@ -64,6 +69,8 @@ impl Default for CpuConfig {
 #[derive(Debug)]
 pub struct CpuBackend {
     threads: usize,
+    /// The compute threads, started on the first graph that needs them.
+    pool: compute::Pool,
     buffers: BufferPool,
 }
 
@@ -78,8 +85,10 @@ impl CpuBackend {
 
     /// A backend with the given settings and no buffers.
     pub fn new(config: CpuConfig) -> CpuBackend {
+        let threads = config.threads.max(1);
         CpuBackend {
-            threads: config.threads.max(1),
+            threads,
+            pool: compute::Pool::new(threads),
             buffers: BufferPool::default(),
         }
     }
@@ -191,7 +200,7 @@ impl Backend for CpuBackend {
         if device != 0 {
             return Err(Error::InvalidDevice { device, count: 1 });
         }
-        compute::run(&self.buffers, self.threads, graph)
+        compute::run(&self.buffers, &self.pool, graph)
     }
 }
 

@@ -1,123 +1,23 @@
 //! `ggml-rpc-server`: serves ggml devices to llama.cpp's RPC backend (protocol 7 or 8).
 //!
 //! Flags, banner and behaviour follow llama.cpp's `rpc-server` (PROTOCOL.md §11), except that
-//! many clients are served at once, each with its own buffers, within configurable limits.
+//! many clients are served at once, each with its own buffers, within configurable limits, on
+//! the I/O shell chosen with `--shell` (tokio, io_uring or smol). See the library for the parts.
 #![forbid(unsafe_code)]
 
-mod args;
-mod banner;
-mod cache_location;
-mod devices;
-mod shells;
-
-use std::io::IsTerminal as _;
-use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::Context as _;
 use clap::Parser as _;
-use proto_core::tensor_cache::TensorCache;
-use proto_core::wire::ProtocolVersion;
-use shell_tokio::{FsTensorCache, ServerConfig};
-use tracing_subscriber::EnvFilter;
-
-use args::Args;
+use ggml_rpc_server::Args;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.verbose);
-    match run(args) {
+    ggml_rpc_server::init_tracing(args.verbose);
+    match ggml_rpc_server::run(args) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs go to stderr. `RUST_LOG` wins; otherwise `-v`/`-vv` (or the reference's
-/// `GGML_RPC_DEBUG=1`) raise the default `info` level.
-fn init_tracing(verbose: u8) {
-    let debug_env = std::env::var("GGML_RPC_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0");
-    let level = match (verbose, debug_env) {
-        (0, false) => "info",
-        (0, true) | (1, _) => "debug",
-        _ => "trace",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-}
-
-fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let selected = match devices::select(args.device.as_deref()) {
-        Ok(selected) => selected,
-        Err(unknown) => {
-            eprintln!("error: unknown device: {unknown}");
-            eprintln!("available devices:");
-            for name in devices::available_names() {
-                eprintln!("  {name}");
-            }
-            eprintln!("No devices found");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    let threads = args
-        .threads
-        .unwrap_or_else(|| backend_cpu::CpuConfig::default().threads);
-    let devices = devices::open(&selected, threads);
-
-    let cache_dir = match (&args.cache_dir, args.cache) {
-        (Some(dir), _) => Some(dir.clone()),
-        (None, true) => Some(
-            cache_location::default_cache_dir(|name| std::env::var(name).ok())
-                .context("cannot locate the cache directory: set LLAMA_CACHE or use --cache-dir")?,
-        ),
-        (None, false) => None,
-    };
-    let cache = cache_dir
-        .as_ref()
-        .map(|dir| {
-            FsTensorCache::open(dir)
-                .with_context(|| format!("cannot create the cache directory {}", dir.display()))
-        })
-        .transpose()?;
-
-    let version = if args.protocol == 7 {
-        ProtocolVersion::V7_0_0
-    } else {
-        ProtocolVersion::V8_0_0
-    };
-    let mut config = ServerConfig::new(version);
-    config.max_clients = args.max_clients;
-    config.memory_quota = args.memory_quota;
-    config.max_message_size = args.max_message_size;
-    config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
-
-    let shell =
-        shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;
-    if let Some(warning) = banner::exposure_warning(&args.host.to_string()) {
-        eprint!("{warning}");
-    }
-    let list = devices.list.clone();
-    let params = shells::ServeParams {
-        addr: SocketAddr::from((args.host, args.port)),
-        backend: devices.backend,
-        config,
-        on_listening: Box::new(move |endpoint| {
-            print!(
-                "{}",
-                banner::banner(version, endpoint, cache_dir.as_deref(), &list)
-            );
-            use std::io::Write as _;
-            let _ = std::io::stdout().flush();
-        }),
-    };
-    tracing::debug!(shell = shell.name(), threads, "starting");
-    shell.run(params)?;
-    Ok(ExitCode::SUCCESS)
 }

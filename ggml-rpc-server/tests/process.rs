@@ -48,10 +48,10 @@ fn start(args: &[&str]) -> (Child, String) {
     (child, banner)
 }
 
-/// SIGTERM, then the exit status.
-fn terminate(mut child: Child) -> (bool, String) {
+/// A signal (`-TERM`, `-INT`), then the exit status and stderr.
+fn terminate(mut child: Child, signal: &str) -> (bool, String) {
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
@@ -68,8 +68,17 @@ fn terminate(mut child: Child) -> (bool, String) {
     (child.wait().unwrap().success(), stderr)
 }
 
+/// The shells of this build (the default features: all three).
+const SHELLS: [&str; 3] = ["tokio", "uring", "smol"];
+
 #[test]
 fn serves_clients_and_stops_on_sigterm() {
+    for shell in SHELLS {
+        serves_clients_and_stops_on_sigterm_with(shell);
+    }
+}
+
+fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
     let cache = tempfile::tempdir().unwrap();
     let port = free_port();
     let port_text = port.to_string();
@@ -81,6 +90,8 @@ fn serves_clients_and_stops_on_sigterm() {
         "1",
         "--cache-dir",
         cache_dir.to_str().unwrap(),
+        "--shell",
+        shell,
     ]);
     assert!(
         banner.starts_with("Starting RPC server v8.0.0\n"),
@@ -115,11 +126,105 @@ fn serves_clients_and_stops_on_sigterm() {
         let entry = cache_dir.join(format!("{:016x}", fnv1a64(&data)));
         assert_eq!(std::fs::read(entry).unwrap(), data);
     });
-    let (success, stderr) = terminate(child);
-    assert!(success, "{stderr}");
+    let (success, stderr) = terminate(child, "-TERM");
+    assert!(success, "{shell}: {stderr}");
     assert!(stderr.contains("Accepted client connection"), "{stderr}");
     assert!(stderr.contains("Client connection closed"), "{stderr}");
+    assert!(stderr.contains("server stopped"), "{stderr}");
+    assert!(stderr.contains(&format!("shell_{shell}::")), "{stderr}");
     assert!(!stderr.contains("WARNING"), "{stderr}");
+}
+
+#[test]
+fn sigint_stops_every_shell_with_a_client_connected() {
+    for shell in SHELLS {
+        let port = free_port();
+        let (child, _) = start(&["-p", &port.to_string(), "--shell", shell]);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut client = runtime.block_on(async {
+            let mut client = Client::connect_auto(("127.0.0.1", port)).await.unwrap();
+            assert_eq!(client.device_count().await.unwrap(), 1);
+            client
+        });
+        let (success, stderr) = terminate(child, "-INT");
+        assert!(success, "{shell}: {stderr}");
+        assert!(
+            stderr.contains("Client connection closed: server shutting down"),
+            "{shell}: {stderr}"
+        );
+        runtime.block_on(async {
+            assert!(client.device_count().await.is_err());
+        });
+    }
+}
+
+/// Where the kernel refuses io_uring (here: a seccomp filter that fails `io_uring_setup` with
+/// EPERM, as container runtimes do), `--shell uring` says so at start-up and exits non-zero.
+#[cfg(target_os = "linux")]
+#[test]
+fn uring_refused_by_the_kernel_is_reported_at_start_up() {
+    use std::os::unix::process::CommandExt as _;
+
+    let mut command = Command::new(SERVER);
+    command.args(["-p", &free_port().to_string(), "--shell", "uring"]);
+    // SAFETY: the hook only makes two prctl calls with data on its own stack (async-signal-safe).
+    unsafe {
+        command.pre_exec(deny_io_uring_setup);
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("io_uring is not available: "),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("Starting RPC server"));
+}
+
+/// Installs a seccomp filter on the current process: `io_uring_setup` fails with EPERM,
+/// every other system call is allowed.
+#[cfg(target_os = "linux")]
+fn deny_io_uring_setup() -> std::io::Result<()> {
+    const LD_NR: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let mut filter = [
+        // seccomp_data.nr is at offset 0
+        libc::sock_filter { code: LD_NR, jt: 0, jf: 0, k: 0 },
+        libc::sock_filter {
+            code: JEQ,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_io_uring_setup as u32,
+        },
+        libc::sock_filter {
+            code: RET,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter { code: RET, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // SAFETY: plain prctl calls; the program outlives the call that copies it into the kernel.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &program as *const libc::sock_fprog,
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[test]
@@ -131,7 +236,7 @@ fn protocol_7_and_the_exposure_warning() {
         "{banner}"
     );
     assert!(banner.contains("  local cache    : n/a\n"));
-    let (success, stderr) = terminate(child);
+    let (success, stderr) = terminate(child, "-TERM");
     assert!(success);
     assert!(
         stderr.contains("WARNING: Host ('0.0.0.0') is != '127.0.0.1'"),

@@ -93,9 +93,20 @@ impl Ring {
     /// Creates a ring with room for `entries` submissions at once. Fails where the kernel
     /// refuses io_uring (too old: `ENOSYS`; seccomp or `kernel.io_uring_disabled`: `EPERM`).
     pub(crate) fn new(entries: u32) -> io::Result<Ring> {
+        // Completions are only reaped by the one thread that submits, when it waits: let the
+        // kernel defer their work to that point instead of interrupting the thread (6.1+);
+        // older kernels get a plain ring.
         let ring = IoUring::builder()
             .setup_cqsize(entries.saturating_mul(4))
-            .build(entries)?;
+            .setup_coop_taskrun()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(entries)
+            .or_else(|_| {
+                IoUring::builder()
+                    .setup_cqsize(entries.saturating_mul(4))
+                    .build(entries)
+            })?;
         let mut probe = io_uring::Probe::new();
         ring.submitter().register_probe(&mut probe)?;
         for (code, name) in [

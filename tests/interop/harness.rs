@@ -110,8 +110,8 @@ fn require(what: &str, script: &str, paths: &[&Path]) {
         .collect();
     assert!(
         missing.is_empty(),
-        "the real llama.cpp peer {what} is missing ({}): run `sudo {script}` \
-         (set GGML_RPC_PEER_CACHE to use another cache root; see scripts/peer/README.md)",
+        "the real llama.cpp peer {what} is missing ({}): run {script} (as root; it installs \
+         into $GGML_RPC_PEER_CACHE, default /var/cache/ggml-rpc-peer; see scripts/peer/README.md)",
         missing.join(", ")
     );
 }
@@ -160,6 +160,15 @@ pub fn b11739() -> B11739 {
             &peer.chroot.join("opt/llama/lib/libggml-rpc.so.0"),
             &peer.chroot.join("opt/llama/rpc_server.py"),
         ],
+    );
+    // chroot(2) needs root (the launcher and the Python check both chroot).
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    assert!(
+        uid == 0,
+        "the llama.cpp b11739 peer (protocol 8) runs in a chroot: run the interop tests as root"
     );
     peer
 }
@@ -236,7 +245,9 @@ impl Proc {
 
     /// The exit status if it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Panics (with the log) if the process has exited.
@@ -273,25 +284,69 @@ pub fn free_port() -> u16 {
 
 /// Polls a TCP connect until it succeeds; fails if `proc` exits first or after `timeout`.
 pub fn wait_port(addr: SocketAddr, proc: &mut Proc, timeout: Duration) {
+    if let Err(e) = try_wait_port(addr, proc, timeout) {
+        panic!("{e}");
+    }
+}
+
+/// Like [`wait_port`], returning the failure instead of panicking.
+pub fn try_wait_port(addr: SocketAddr, proc: &mut Proc, timeout: Duration) -> Result<(), String> {
     let start = Instant::now();
     loop {
         if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return;
+            return Ok(());
         }
-        proc.assert_alive(&format!("before listening on {addr}"));
-        assert!(
-            start.elapsed() < timeout,
-            "{} did not listen on {addr} within {timeout:?}; its log:\n{}",
-            proc.name,
-            proc.log()
-        );
+        if let Some(status) = proc.exited() {
+            return Err(format!(
+                "{} exited ({status}) before listening on {addr}; its log:\n{}",
+                proc.name,
+                proc.log()
+            ));
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "{} did not listen on {addr} within {timeout:?}; its log:\n{}",
+                proc.name,
+                proc.log()
+            ));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
+/// Starts a server on a free port, retrying with another port (3 tries) when the process
+/// exits before listening (another process took the port between our probe and its bind).
+fn start_on_free_port(
+    name: &str,
+    logs: &Path,
+    log_prefix: &str,
+    mut command: impl FnMut(u16) -> Command,
+) -> (Proc, SocketAddr) {
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        let port = free_port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut proc = Proc::spawn(
+            name,
+            &mut command(port),
+            &logs.join(format!("{log_prefix}-{port}.log")),
+        );
+        match try_wait_port(addr, &mut proc, START_TIMEOUT) {
+            Ok(()) => return (proc, addr),
+            Err(e) if proc.exited().is_some() => errors.push(e),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("{name} could not be started:\n{}", errors.join("\n"));
+}
+
 /// Runs a command to completion with a deadline, returning (status, stdout + stderr). On
 /// timeout the whole process group is killed and the test fails.
-pub fn run_with_timeout(name: &str, command: &mut Command, timeout: Duration) -> (ExitStatus, String) {
+pub fn run_with_timeout(
+    name: &str,
+    command: &mut Command,
+    timeout: Duration,
+) -> (ExitStatus, String) {
     use std::os::unix::process::CommandExt as _;
     let mut child = command
         .stdin(Stdio::null())
@@ -303,8 +358,14 @@ pub fn run_with_timeout(name: &str, command: &mut Command, timeout: Duration) ->
     let pgid = child.id();
     let output = Arc::new(Mutex::new(String::new()));
     let pumps: Vec<JoinHandle<()>> = [
-        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
     ]
     .into_iter()
     .flatten()
@@ -362,51 +423,66 @@ pub fn run_with_timeout(name: &str, command: &mut Command, timeout: Duration) ->
 
 /// Starts b11434's `ggml-rpc-server -d CPU` on a free port (with `-c` and `LLAMA_CACHE` when a
 /// cache root is given) and waits until it listens.
-pub fn start_b11434_server(peer: &B11434, logs: &Path, cache_root: Option<&Path>) -> (Proc, SocketAddr) {
-    let port = free_port();
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut command = Command::new(peer.rpc_server());
-    command.args(["-d", "CPU", "-H", "127.0.0.1", "-p", &port.to_string(), "-t", "2"]);
-    // Never negotiate RDMA, even on a host that has it: the interop runs over TCP.
-    command.env("GGML_RPC_NO_RDMA", "1");
-    if let Some(root) = cache_root {
-        command.arg("-c").env("LLAMA_CACHE", root);
-    }
-    let mut proc = Proc::spawn(
+pub fn start_b11434_server(
+    peer: &B11434,
+    logs: &Path,
+    cache_root: Option<&Path>,
+) -> (Proc, SocketAddr) {
+    start_on_free_port(
         "llama.cpp b11434 ggml-rpc-server",
-        &mut command,
-        &logs.join(format!("b11434-server-{port}.log")),
-    );
-    wait_port(addr, &mut proc, START_TIMEOUT);
-    (proc, addr)
+        logs,
+        "b11434-server",
+        |port| {
+            let mut command = Command::new(peer.rpc_server());
+            command.args([
+                "-d",
+                "CPU",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                "2",
+            ]);
+            // Never negotiate RDMA, even on a host that has it: the interop runs over TCP.
+            command.env("GGML_RPC_NO_RDMA", "1");
+            if let Some(root) = cache_root {
+                command.arg("-c").env("LLAMA_CACHE", root);
+            }
+            command
+        },
+    )
 }
 
 /// Starts b11739's server (protocol 8) in its chroot on a free port and waits until it
 /// listens. `cache_in_chroot` is a path inside the chroot.
-pub fn start_b11739_server(peer: &B11739, logs: &Path, cache_in_chroot: Option<&str>) -> (Proc, SocketAddr) {
-    let port = free_port();
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut command = Command::new(&peer.launcher);
-    command.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--threads",
-        "2",
-        "--device",
-        "CPU",
-    ]);
-    if let Some(dir) = cache_in_chroot {
-        command.args(["--cache", dir]);
-    }
-    let mut proc = Proc::spawn(
+pub fn start_b11739_server(
+    peer: &B11739,
+    logs: &Path,
+    cache_in_chroot: Option<&str>,
+) -> (Proc, SocketAddr) {
+    start_on_free_port(
         "llama.cpp b11739 rpc server (chroot)",
-        &mut command,
-        &logs.join(format!("b11739-server-{port}.log")),
-    );
-    wait_port(addr, &mut proc, START_TIMEOUT);
-    (proc, addr)
+        logs,
+        "b11739-server",
+        |port| {
+            let mut command = Command::new(&peer.launcher);
+            command.args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--threads",
+                "2",
+                "--device",
+                "CPU",
+            ]);
+            if let Some(dir) = cache_in_chroot {
+                command.args(["--cache", dir]);
+            }
+            command
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,7 +513,9 @@ impl OurServer {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind");
         let addr = listener.local_addr().expect("local_addr");
-        let backend = Arc::new(backend_cpu::CpuBackend::new(backend_cpu::CpuConfig { threads: 2 }));
+        let backend = Arc::new(backend_cpu::CpuBackend::new(backend_cpu::CpuConfig {
+            threads: 2,
+        }));
         let mut config = shell_tokio::ServerConfig::new(version);
         if let Some(dir) = cache_dir {
             let cache = shell_tokio::FsTensorCache::open(dir).expect("open tensor cache");
@@ -503,18 +581,38 @@ pub fn our_server_binary() -> PathBuf {
     BIN.get_or_init(|| {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
-        command
-            .current_dir(workspace_root())
-            .args(["build", "-p", "ggml-rpc-server", "--bin", "ggml-rpc-server"]);
+        command.current_dir(workspace_root()).args([
+            "build",
+            "-p",
+            "ggml-rpc-server",
+            "--bin",
+            "ggml-rpc-server",
+        ]);
+        // The profile this test binary was built with (target/<profile>/deps/...).
+        match target_profile_dir().file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                command.arg("--release");
+            }
+            Some(other) => {
+                command.args(["--profile", other]);
+            }
+        }
         // Same target directory as this test binary (also when CARGO_TARGET_DIR is unset).
         let target_dir = target_profile_dir()
             .parent()
             .expect("target dir")
             .to_path_buf();
         command.env("CARGO_TARGET_DIR", &target_dir);
-        let (status, output) =
-            run_with_timeout("cargo build -p ggml-rpc-server", &mut command, Duration::from_secs(900));
-        assert!(status.success(), "cargo build -p ggml-rpc-server failed:\n{output}");
+        let (status, output) = run_with_timeout(
+            "cargo build -p ggml-rpc-server",
+            &mut command,
+            Duration::from_secs(900),
+        );
+        assert!(
+            status.success(),
+            "cargo build -p ggml-rpc-server failed:\n{output}"
+        );
         let bin = target_profile_dir().join("ggml-rpc-server");
         assert!(bin.exists(), "{} missing after the build", bin.display());
         bin
@@ -531,7 +629,10 @@ pub fn c_check_program(peer: &B11434) -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = scratch_dir("c");
-        let exe = dir.join(format!("rpc_client_check-{}", std::process::id()));
+        // Built under a private name, then renamed over the shared one (atomic, so a
+        // concurrent test process never runs a half-written file and nothing accumulates).
+        let exe = dir.join("rpc_client_check");
+        let fresh = dir.join(format!(".rpc_client_check-{}", std::process::id()));
         let source = interop_dir().join("rpc_client_check.c");
         let mut command = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()));
         command
@@ -549,35 +650,55 @@ pub fn c_check_program(peer: &B11434) -> PathBuf {
             .arg(peer.src.join("ggml/src"))
             .arg("-L")
             .arg(&peer.lib)
-            .args(["-lggml", "-lggml-rpc", "-lggml-base"])
+            .args(["-lggml", "-lggml-rpc", "-lggml-cpu", "-lggml-base", "-lm"])
             .arg(format!("-Wl,-rpath,{}", peer.lib.display()))
             .arg("-o")
-            .arg(&exe);
-        let (status, output) = run_with_timeout("cc rpc_client_check.c", &mut command, Duration::from_secs(120));
-        assert!(status.success(), "compiling {} failed:\n{output}", source.display());
+            .arg(&fresh);
+        let (status, output) = run_with_timeout(
+            "cc rpc_client_check.c",
+            &mut command,
+            Duration::from_secs(120),
+        );
+        assert!(
+            status.success(),
+            "compiling {} failed:\n{output}",
+            source.display()
+        );
+        std::fs::rename(&fresh, &exe).expect("rename the compiled check program");
         exe
     })
     .clone()
 }
 
-/// Runs the C check against `endpoint`; panics with its output unless it succeeds.
-pub fn run_c_check(peer: &B11434, endpoint: &str, extra: &[&str], what: &str) -> String {
+/// Runs the C check program with `args`, returning (status, output).
+pub fn run_c(peer: &B11434, args: &[&str]) -> (ExitStatus, String) {
     let exe = c_check_program(peer);
     let mut command = Command::new(exe);
-    command.arg(endpoint).args(extra).env("GGML_RPC_NO_RDMA", "1");
-    let (status, output) = run_with_timeout("rpc_client_check", &mut command, Duration::from_secs(120));
+    command.args(args).env("GGML_RPC_NO_RDMA", "1");
+    run_with_timeout("rpc_client_check", &mut command, Duration::from_secs(120))
+}
+
+/// Runs the C check against `endpoint`; panics with its output unless it succeeds.
+pub fn run_c_check(peer: &B11434, endpoint: &str, extra: &[&str], what: &str) -> String {
+    let args: Vec<&str> = std::iter::once(endpoint)
+        .chain(extra.iter().copied())
+        .collect();
+    let (status, output) = run_c(peer, &args);
     assert!(
         status.success(),
         "rpc_client_check against {what} ({endpoint}) failed ({status}):\n{output}"
     );
-    assert!(output.contains("rpc_client_check: OK"), "no OK line:\n{output}");
+    assert!(
+        output.contains("rpc_client_check: OK"),
+        "no OK line:\n{output}"
+    );
     output
 }
 
 /// Copies `tests/interop/rpc_client_check.py` into the b11739 chroot and runs it there with
-/// the chroot's python3 against `endpoint` (the chroot shares the network namespace). Returns
-/// its output; panics unless it succeeds.
-pub fn run_py_check(peer: &B11739, endpoint: &str, extra: &[&str], what: &str) -> String {
+/// the chroot's python3 and `args` (the chroot shares the network namespace, so 127.0.0.1
+/// reaches servers on the host). Returns (status, output).
+pub fn run_py(peer: &B11739, args: &[&str]) -> (ExitStatus, String) {
     let inside = format!("/opt/interop-{}-{}", std::process::id(), unique());
     let host_dir = peer.chroot.join(inside.trim_start_matches('/'));
     std::fs::create_dir_all(&host_dir).expect("create dir in the chroot");
@@ -603,15 +724,30 @@ pub fn run_py_check(peer: &B11739, endpoint: &str, extra: &[&str], what: &str) -
         .arg(&peer.chroot)
         .arg("/usr/bin/python3")
         .arg(format!("{inside}/rpc_client_check.py"))
-        .arg(endpoint)
-        .args(extra);
-    let (status, output) = run_with_timeout("chroot python3 rpc_client_check.py", &mut command, Duration::from_secs(120));
+        .args(args);
+    run_with_timeout(
+        "chroot python3 rpc_client_check.py",
+        &mut command,
+        Duration::from_secs(120),
+    )
+}
+
+/// Runs the Python check (b11739's client, in the chroot) against `endpoint`; panics with its
+/// output unless it succeeds.
+pub fn run_py_check(peer: &B11739, endpoint: &str, extra: &[&str], what: &str) -> String {
+    let args: Vec<&str> = std::iter::once(endpoint)
+        .chain(extra.iter().copied())
+        .collect();
+    let (status, output) = run_py(peer, &args);
     assert!(
         status.success(),
         "rpc_client_check.py (b11739 client, in the chroot) against {what} ({endpoint}) \
          failed ({status}):\n{output}"
     );
-    assert!(output.contains("rpc_client_check.py: OK"), "no OK line:\n{output}");
+    assert!(
+        output.contains("rpc_client_check.py: OK"),
+        "no OK line:\n{output}"
+    );
     output
 }
 
@@ -750,7 +886,10 @@ impl Recorder {
                     match listener.accept() {
                         Ok((client, _)) => {
                             client.set_nonblocking(false).expect("blocking");
-                            let server = match TcpStream::connect_timeout(&target, Duration::from_secs(10)) {
+                            let server = match TcpStream::connect_timeout(
+                                &target,
+                                Duration::from_secs(10),
+                            ) {
                                 Ok(server) => server,
                                 Err(_) => continue, // the client sees EOF
                             };
@@ -758,7 +897,8 @@ impl Recorder {
                             let _ = server.set_nodelay(true);
                             let c2s: Arc<Mutex<Vec<u8>>> = Arc::default();
                             let s2c: Arc<Mutex<Vec<u8>>> = Arc::default();
-                            let (c1, s1) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                            let (c1, s1) =
+                                (client.try_clone().unwrap(), server.try_clone().unwrap());
                             let record = c2s.clone();
                             let up = std::thread::spawn(move || pump(c1, s1, record));
                             let record = s2c.clone();
@@ -890,7 +1030,10 @@ fn expected_response_len(request: &Request) -> Result<Option<u64>, String> {
 /// frame must have the size its request implies, decode with `Response::decode` and re-encode
 /// byte for byte with `Response::to_frame`. Nothing is skipped: both streams must be consumed
 /// exactly, and the first request must be HELLO.
-pub fn check_conversation(dialect: Dialect, conversation: &Conversation) -> Result<ConversationSummary, String> {
+pub fn check_conversation(
+    dialect: Dialect,
+    conversation: &Conversation,
+) -> Result<ConversationSummary, String> {
     let c2s = conversation.client_to_server.clone();
     let s2c = conversation.server_to_client.clone();
     let mut summary = ConversationSummary::default();
@@ -921,7 +1064,10 @@ pub fn check_conversation(dialect: Dialect, conversation: &Conversation) -> Resu
                 )
             })?;
         if index == 0 && command != Cmd::Hello {
-            return Err(format!("the first request is {}, not HELLO", command_name(command)));
+            return Err(format!(
+                "the first request is {}, not HELLO",
+                command_name(command)
+            ));
         }
         let frame = c2s.slice(at..end);
         let request = Request::from_frame(dialect, frame.clone()).map_err(|e| {
@@ -932,9 +1078,12 @@ pub fn check_conversation(dialect: Dialect, conversation: &Conversation) -> Resu
                 hex(&frame[..frame.len().min(48)])
             )
         })?;
-        let again = request
-            .to_frame(dialect)
-            .map_err(|e| format!("request #{index} ({}) does not re-encode: {e}", command_name(command)))?;
+        let again = request.to_frame(dialect).map_err(|e| {
+            format!(
+                "request #{index} ({}) does not re-encode: {e}",
+                command_name(command)
+            )
+        })?;
         if again != frame {
             let diff = first_difference(&again, &frame).unwrap_or(0);
             return Err(format!(
@@ -973,7 +1122,9 @@ pub fn check_conversation(dialect: Dialect, conversation: &Conversation) -> Resu
         }
         let end = at + RESPONSE_HEADER_SIZE + size as usize;
         if end > s2c.len() {
-            return Err(format!("response to request #{index} ({name}) is truncated"));
+            return Err(format!(
+                "response to request #{index} ({name}) is truncated"
+            ));
         }
         let frame = s2c.slice(at..end);
         let response = Response::decode(command, expected, frame.slice(RESPONSE_HEADER_SIZE..))
@@ -1005,17 +1156,17 @@ pub fn vector_coverage(protocol: &str) -> Option<(Vec<String>, Vec<String>)> {
     if !dir.exists() {
         return None;
     }
-    let vectors = ggml_rpc_tests::load_all(&dir).unwrap_or_else(|e| panic!("loading the vectors: {e}"));
+    let vectors =
+        ggml_rpc_tests::load_all(&dir).unwrap_or_else(|e| panic!("loading the vectors: {e}"));
     let mut requests = Vec::new();
     let mut responses = Vec::new();
     for v in vectors {
-        if v.protocol != protocol
-            || !v.valid
-            || v.level != ggml_rpc_tests::vector::Level::Frame
-        {
+        if v.protocol != protocol || !v.valid || v.level != ggml_rpc_tests::vector::Level::Frame {
             continue;
         }
-        let Some(command) = v.command.clone() else { continue };
+        let Some(command) = v.command.clone() else {
+            continue;
+        };
         match v.direction {
             ggml_rpc_tests::vector::Direction::ClientToServer => requests.push(command),
             ggml_rpc_tests::vector::Direction::ServerToClient => responses.push(command),

@@ -2,6 +2,7 @@
 // llama.cpp b11434, protocol 7.0.0) and checks every byte it reads back.
 //
 //   rpc_client_check HOST:PORT [--big MIB] [--weights MIB]
+//   rpc_client_check HOST:PORT --compute CASE     (CASE: see compute_cases below, or "list")
 //
 // Everything goes through the public ggml API, exactly as llama.cpp uses it:
 //   ggml_backend_rpc_get_device_memory          HELLO, DEVICE_COUNT, GET_DEVICE_MEMORY
@@ -26,6 +27,13 @@
 // is behind the endpoint (alignment, sizes, copy result, ...): the interop test compares them
 // between llama.cpp's server and ours.
 //
+// --compute CASE runs one small real graph (MUL_MAT of several weight types, ADD, RMS_NORM,
+// ROPE, ...) on the RPC backend and the same graph on the local CPU backend (libggml-cpu of the
+// same build, as test-backend-ops does), and compares the outputs (normalized mean squared
+// error below 5e-4, test-backend-ops' default). It prints "compute CASE nmse=..." and exits 0,
+// or exits 1 on a mismatch. One case per process: a server that cannot compute a graph closes
+// the connection, and llama.cpp's client then aborts the whole process.
+//
 // The graph uid is set through ggml-impl.h (the source tree's internal header, same build), so
 // that the second compute of the same graph goes out as GRAPH_RECOMPUTE.
 
@@ -33,9 +41,11 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
+#include "ggml-cpu.h"
 #include "ggml-impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,6 +135,240 @@ static void set_value(struct checked * c, uint8_t value, size_t offset, size_t s
     memset(c->model + offset, value, size);
 }
 
+// ---------------------------------------------------------------------------------------------
+// --compute: real graphs, RPC backend against the local CPU backend
+
+#define MAX_INPUTS 4
+
+struct compute_case {
+    const char * name;
+    // creates the inputs (in[], *n_in) and returns the output
+    struct ggml_tensor * (*build)(struct ggml_context * ctx, struct ggml_tensor ** in, int * n_in);
+};
+
+static struct ggml_tensor * input(struct ggml_context * ctx, struct ggml_tensor ** in, int * n_in,
+                                  enum ggml_type type, int64_t ne0, int64_t ne1) {
+    struct ggml_tensor * t = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    ggml_set_input(t);
+    in[(*n_in)++] = t;
+    return t;
+}
+
+static struct ggml_tensor * mul_mat_of(struct ggml_context * ctx, struct ggml_tensor ** in, int * n_in,
+                                       enum ggml_type wtype, int64_t k, int64_t m, int64_t n) {
+    struct ggml_tensor * w = input(ctx, in, n_in, wtype, k, m);
+    struct ggml_tensor * x = input(ctx, in, n_in, GGML_TYPE_F32, k, n);
+    return ggml_mul_mat(ctx, w, x);
+}
+
+static struct ggml_tensor * case_mul_mat_f32(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return mul_mat_of(c, in, n, GGML_TYPE_F32, 64, 32, 4);
+}
+static struct ggml_tensor * case_mul_mat_f16(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return mul_mat_of(c, in, n, GGML_TYPE_F16, 128, 16, 3);
+}
+static struct ggml_tensor * case_mul_mat_q8_0(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return mul_mat_of(c, in, n, GGML_TYPE_Q8_0, 256, 8, 5);
+}
+static struct ggml_tensor * case_mul_mat_q4_0(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return mul_mat_of(c, in, n, GGML_TYPE_Q4_0, 256, 8, 1);
+}
+static struct ggml_tensor * case_mul_mat_q4_k(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return mul_mat_of(c, in, n, GGML_TYPE_Q4_K, 512, 4, 2);
+}
+static struct ggml_tensor * case_add(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    struct ggml_tensor * a = input(c, in, n, GGML_TYPE_F32, 33, 7);
+    struct ggml_tensor * b = input(c, in, n, GGML_TYPE_F32, 33, 7);
+    return ggml_add(c, a, b);
+}
+static struct ggml_tensor * case_mul_broadcast(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    struct ggml_tensor * a = input(c, in, n, GGML_TYPE_F32, 64, 6);
+    struct ggml_tensor * b = input(c, in, n, GGML_TYPE_F32, 64, 1);
+    return ggml_mul(c, a, b);
+}
+static struct ggml_tensor * case_rms_norm(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return ggml_rms_norm(c, input(c, in, n, GGML_TYPE_F32, 96, 5), 1e-5f);
+}
+static struct ggml_tensor * case_silu(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return ggml_silu(c, input(c, in, n, GGML_TYPE_F32, 100, 3));
+}
+static struct ggml_tensor * case_soft_max(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return ggml_soft_max(c, input(c, in, n, GGML_TYPE_F32, 40, 6));
+}
+static struct ggml_tensor * case_scale(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    return ggml_scale(c, input(c, in, n, GGML_TYPE_F32, 50, 2), 0.125f);
+}
+static struct ggml_tensor * case_get_rows(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    struct ggml_tensor * src = input(c, in, n, GGML_TYPE_F32, 24, 16);
+    struct ggml_tensor * rows = ggml_new_tensor_1d(c, GGML_TYPE_I32, 5);
+    ggml_set_input(rows);
+    in[(*n)++] = rows;
+    return ggml_get_rows(c, src, rows);
+}
+static struct ggml_tensor * case_rope_neox(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    struct ggml_tensor * x = ggml_new_tensor_3d(c, GGML_TYPE_F32, 32, 2, 3); // head dim, heads, tokens
+    ggml_set_input(x);
+    in[(*n)++] = x;
+    struct ggml_tensor * pos = ggml_new_tensor_1d(c, GGML_TYPE_I32, 3);
+    ggml_set_input(pos);
+    in[(*n)++] = pos;
+    return ggml_rope(c, x, pos, 32, GGML_ROPE_TYPE_NEOX);
+}
+static struct ggml_tensor * case_cpy_f16(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    struct ggml_tensor * a = input(c, in, n, GGML_TYPE_F32, 64, 4);
+    struct ggml_tensor * b = ggml_new_tensor_2d(c, GGML_TYPE_F16, 64, 4);
+    return ggml_cpy(c, a, b);
+}
+static struct ggml_tensor * case_ffn(struct ggml_context * c, struct ggml_tensor ** in, int * n) {
+    // a small transformer-like chain: rms_norm -> mul(norm weight) -> mul_mat -> silu -> add
+    struct ggml_tensor * x = input(c, in, n, GGML_TYPE_F32, 64, 3);
+    struct ggml_tensor * g = input(c, in, n, GGML_TYPE_F32, 64, 1);
+    struct ggml_tensor * w = input(c, in, n, GGML_TYPE_F16, 64, 48);
+    struct ggml_tensor * b = input(c, in, n, GGML_TYPE_F32, 48, 3);
+    struct ggml_tensor * h = ggml_mul(c, ggml_rms_norm(c, x, 1e-6f), g);
+    return ggml_add(c, ggml_silu(c, ggml_mul_mat(c, w, h)), b);
+}
+
+static const struct compute_case compute_cases[] = {
+    { "mul_mat_f32", case_mul_mat_f32 },
+    { "mul_mat_f16", case_mul_mat_f16 },
+    { "mul_mat_q8_0", case_mul_mat_q8_0 },
+    { "mul_mat_q4_0", case_mul_mat_q4_0 },
+    { "mul_mat_q4_k", case_mul_mat_q4_k },
+    { "add", case_add },
+    { "mul_broadcast", case_mul_broadcast },
+    { "rms_norm", case_rms_norm },
+    { "silu", case_silu },
+    { "soft_max", case_soft_max },
+    { "scale", case_scale },
+    { "get_rows", case_get_rows },
+    { "rope_neox", case_rope_neox },
+    { "cpy_f32_f16", case_cpy_f16 },
+    { "ffn_chain", case_ffn },
+};
+
+// The bytes of an input: random floats in [-1, 1] converted to the tensor's type; I32 inputs
+// get small indices (rows of get_rows, positions of rope).
+static void * input_bytes(const struct ggml_tensor * t, uint64_t seed) {
+    size_t n = (size_t) ggml_nelements(t);
+    size_t bytes = ggml_nbytes(t);
+    void * out = xmalloc(bytes);
+    if (t->type == GGML_TYPE_I32) {
+        int32_t * p = out;
+        for (size_t i = 0; i < n; i++) {
+            p[i] = (int32_t) ((i * 7 + seed) % 16);
+        }
+        return out;
+    }
+    float * f = xmalloc(n * sizeof(float));
+    g_rng = 0x9e3779b97f4a7c15ull ^ (seed * 0x100000001b3ull);
+    for (size_t i = 0; i < n; i++) {
+        f[i] = (float) next_byte() / 127.5f - 1.0f;
+    }
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(out, f, bytes);
+    } else if (t->type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(f, out, (int64_t) n);
+    } else {
+        ggml_quantize_chunk(t->type, f, out, 0, ggml_nrows(t), t->ne[0], NULL);
+    }
+    free(f);
+    return out;
+}
+
+// Builds the case in a fresh context, allocates it in `buft`, uploads the inputs, computes on
+// `backend` and returns the output as floats (converted from F16 when needed).
+static float * compute_on(const struct compute_case * cc, ggml_backend_t backend,
+                          ggml_backend_buffer_type_t buft, const char * where, size_t * n_out) {
+    struct ggml_init_params params = {
+        /* .mem_size   = */ 64 * ggml_tensor_overhead() + ggml_graph_overhead(),
+        /* .mem_buffer = */ NULL,
+        /* .no_alloc   = */ true,
+    };
+    struct ggml_context * ctx = ggml_init(params);
+    struct ggml_tensor * in[MAX_INPUTS];
+    int n_in = 0;
+    struct ggml_tensor * out = cc->build(ctx, in, &n_in);
+    ggml_set_output(out);
+    struct ggml_cgraph * graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, out);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+    if (!buf) {
+        fail("compute %s: allocation on %s failed", cc->name, where);
+    }
+    for (int i = 0; i < n_in; i++) {
+        void * data = input_bytes(in[i], (uint64_t) i + 1);
+        ggml_backend_tensor_set(in[i], data, 0, ggml_nbytes(in[i]));
+        free(data);
+    }
+    enum ggml_status status = ggml_backend_graph_compute(backend, graph);
+    if (status != GGML_STATUS_SUCCESS) {
+        fail("compute %s: status %d on %s", cc->name, (int) status, where);
+    }
+    size_t n = (size_t) ggml_nelements(out);
+    float * result = xmalloc(n * sizeof(float));
+    if (out->type == GGML_TYPE_F32) {
+        ggml_backend_tensor_get(out, result, 0, n * sizeof(float));
+    } else if (out->type == GGML_TYPE_F16) {
+        ggml_fp16_t * h = xmalloc(n * sizeof(ggml_fp16_t));
+        ggml_backend_tensor_get(out, h, 0, n * sizeof(ggml_fp16_t));
+        ggml_fp16_to_fp32_row(h, result, (int64_t) n);
+        free(h);
+    } else {
+        fail("compute %s: unexpected output type %d", cc->name, (int) out->type);
+    }
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    *n_out = n;
+    return result;
+}
+
+static int run_compute(const char * name, ggml_backend_t rpc, ggml_backend_buffer_type_t buft) {
+    if (!strcmp(name, "list")) {
+        for (size_t i = 0; i < sizeof(compute_cases) / sizeof(compute_cases[0]); i++) {
+            printf("%s\n", compute_cases[i].name);
+        }
+        return 0;
+    }
+    const struct compute_case * cc = NULL;
+    for (size_t i = 0; i < sizeof(compute_cases) / sizeof(compute_cases[0]); i++) {
+        if (!strcmp(compute_cases[i].name, name)) {
+            cc = &compute_cases[i];
+        }
+    }
+    if (!cc) {
+        fail("unknown compute case %s", name);
+    }
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (!cpu) {
+        fail("ggml_backend_cpu_init");
+    }
+    ggml_backend_cpu_set_n_threads(cpu, 1);
+    size_t n_want = 0, n_got = 0;
+    float * want = compute_on(cc, cpu, ggml_backend_cpu_buffer_type(), "the local CPU backend", &n_want);
+    float * got = compute_on(cc, rpc, buft, "the RPC server", &n_got);
+    if (n_want != n_got) {
+        fail("compute %s: %zu outputs, want %zu", cc->name, n_got, n_want);
+    }
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n_want; i++) {
+        if (!isfinite(got[i])) {
+            fail("compute %s: output %zu is %f (want %f)", cc->name, i, got[i], want[i]);
+        }
+        err += ((double) got[i] - want[i]) * ((double) got[i] - want[i]);
+        norm += (double) want[i] * want[i];
+    }
+    double nmse = norm > 0 ? err / norm : err;
+    printf("compute %s nmse=%.3g (%zu outputs; first: got %g want %g)\n", cc->name, nmse, n_want, got[0], want[0]);
+    if (!(nmse <= 5e-4)) {
+        fail("compute %s: nmse %.3g above 5e-4", cc->name, nmse);
+    }
+    free(want);
+    free(got);
+    ggml_backend_free(cpu);
+    return 0;
+}
+
 static size_t parse_mib(const char * s) {
     char * end = NULL;
     unsigned long long v = strtoull(s, &end, 10);
@@ -136,20 +380,27 @@ static size_t parse_mib(const char * s) {
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s HOST:PORT [--big MIB] [--weights MIB]\n", argv[0]);
+        fprintf(stderr, "usage: %s HOST:PORT [--big MIB] [--weights MIB] | --compute CASE|list\n", argv[0]);
         return 2;
     }
     g_endpoint = argv[1];
     size_t big = 0;
     size_t weights = 16u << 20;
+    const char * compute = NULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--big") && i + 1 < argc) {
             big = parse_mib(argv[++i]);
+        } else if (!strcmp(argv[i], "--compute") && i + 1 < argc) {
+            compute = argv[++i];
         } else if (!strcmp(argv[i], "--weights") && i + 1 < argc) {
             weights = parse_mib(argv[++i]) + 1;
         } else {
             fail("unknown argument %s", argv[i]);
         }
+    }
+
+    if (compute && !strcmp(compute, "list")) {
+        return run_compute(compute, NULL, NULL);
     }
 
     // --- HELLO, DEVICE_COUNT, GET_DEVICE_MEMORY -------------------------------------------
@@ -167,6 +418,15 @@ int main(int argc, char ** argv) {
     ggml_backend_buffer_type_t buft = ggml_backend_rpc_buffer_type(g_endpoint, 0);
     if (!buft) {
         fail("ggml_backend_rpc_buffer_type returned NULL");
+    }
+
+    if (compute) {
+        int rc = run_compute(compute, backend, buft);
+        ggml_backend_free(backend);
+        if (rc == 0) {
+            printf("rpc_client_check: OK\n");
+        }
+        return rc;
     }
 
     // --- GET_ALIGNMENT, GET_MAX_SIZE --------------------------------------------------------

@@ -19,6 +19,9 @@ Options:
   --weights MIB    size of the weight uploaded through SET_TENSOR_HASH (default 16)
   --lib-dir DIR    b11739's libraries (default /opt/llama/lib)
   --no-uid         do not give the graph a uid (no GRAPH_RECOMPUTE)
+  --compute CASE   instead: compute one small real graph (CASE from COMPUTE_CASES, or "list")
+                   on the RPC backend and on the local CPU backend (b11739's libggml-cpu, as
+                   test-backend-ops does) and compare the outputs (nmse <= 5e-4)
 """
 import argparse
 import ctypes as C
@@ -27,7 +30,9 @@ import random
 import sys
 
 GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
 GGML_TYPE_Q8_0 = 8
+GGML_TYPE_I32 = 26
 GGML_TYPE_I8 = 24
 GGML_OP_MUL_MAT = 29
 GGML_STATUS_SUCCESS = 0
@@ -59,6 +64,7 @@ def load(lib_dir):
     for name in ("libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"):
         libs[name] = C.CDLL(os.path.join(lib_dir, name), mode=C.RTLD_GLOBAL)
     g = libs["libggml-base.so.0"]
+    cpu = libs["libggml-cpu.so.0"]
     ggml = libs["libggml.so.0"]
     rpc = libs["libggml-rpc.so.0"]
     vp, sz, i64, u8, u32, cp = C.c_void_p, C.c_size_t, C.c_int64, C.c_uint8, C.c_uint32, C.c_char_p
@@ -99,6 +105,24 @@ def load(lib_dir):
     api.tensor_copy = fn(g, "ggml_backend_tensor_copy", None, vp, vp)
     api.graph_compute = fn(g, "ggml_backend_graph_compute", C.c_int, vp, vp)
     api.backend_free = fn(g, "ggml_backend_free", None, vp)
+    api.new_3d = fn(g, "ggml_new_tensor_3d", vp, vp, C.c_int, i64, i64, i64)
+    api.nelements = fn(g, "ggml_nelements", i64, vp)
+    api.nrows = fn(g, "ggml_nrows", i64, vp)
+    api.set_input = fn(g, "ggml_set_input", None, vp)
+    api.set_output = fn(g, "ggml_set_output", None, vp)
+    api.mul_mat = fn(g, "ggml_mul_mat", vp, vp, vp, vp)
+    api.add = fn(g, "ggml_add", vp, vp, vp, vp)
+    api.mul = fn(g, "ggml_mul", vp, vp, vp, vp)
+    api.rms_norm = fn(g, "ggml_rms_norm", vp, vp, vp, C.c_float)
+    api.silu = fn(g, "ggml_silu", vp, vp, vp)
+    api.soft_max = fn(g, "ggml_soft_max", vp, vp, vp)
+    api.get_rows = fn(g, "ggml_get_rows", vp, vp, vp, vp)
+    api.rope = fn(g, "ggml_rope", vp, vp, vp, vp, C.c_int, C.c_int)
+    api.fp32_to_fp16_row = fn(g, "ggml_fp32_to_fp16_row", None, vp, vp, i64)
+    api.quantize_chunk = fn(g, "ggml_quantize_chunk", sz, C.c_int, vp, vp, i64, i64, i64, vp)
+    api.cpu_buffer_type = fn(g, "ggml_backend_cpu_buffer_type", vp)
+    api.cpu_init = fn(cpu, "ggml_backend_cpu_init", vp)
+    api.cpu_set_n_threads = fn(cpu, "ggml_backend_cpu_set_n_threads", None, vp, C.c_int)
     api.rpc_init = fn(rpc, "ggml_backend_rpc_init", vp, cp, u32)
     api.rpc_buffer_type = fn(rpc, "ggml_backend_rpc_buffer_type", vp, cp, u32)
     api.rpc_device_memory = fn(rpc, "ggml_backend_rpc_get_device_memory", None, cp, u32,
@@ -140,6 +164,145 @@ class Checked:
         self.model[offset:offset + size] = bytes([value]) * size
 
 
+# --compute: real graphs, RPC backend against the local CPU backend
+
+def _inp(api, ctx, ins, typ, ne0, ne1):
+    t = api.new_2d(ctx, typ, ne0, ne1)
+    api.set_input(t)
+    ins.append(t)
+    return t
+
+
+def _mul_mat(typ, k, m, n):
+    def build(api, ctx, ins):
+        w = _inp(api, ctx, ins, typ, k, m)
+        x = _inp(api, ctx, ins, GGML_TYPE_F32, k, n)
+        return api.mul_mat(ctx, w, x)
+    return build
+
+
+def _add(api, ctx, ins):
+    return api.add(ctx, _inp(api, ctx, ins, GGML_TYPE_F32, 33, 7), _inp(api, ctx, ins, GGML_TYPE_F32, 33, 7))
+
+
+def _rms_norm(api, ctx, ins):
+    return api.rms_norm(ctx, _inp(api, ctx, ins, GGML_TYPE_F32, 96, 5), 1e-5)
+
+
+def _soft_max(api, ctx, ins):
+    return api.soft_max(ctx, _inp(api, ctx, ins, GGML_TYPE_F32, 40, 6))
+
+
+def _get_rows(api, ctx, ins):
+    src = _inp(api, ctx, ins, GGML_TYPE_F32, 24, 16)
+    rows = api.new_1d(ctx, GGML_TYPE_I32, 5)
+    api.set_input(rows)
+    ins.append(rows)
+    return api.get_rows(ctx, src, rows)
+
+
+def _rope_neox(api, ctx, ins):
+    x = api.new_3d(ctx, GGML_TYPE_F32, 32, 2, 3)
+    api.set_input(x)
+    ins.append(x)
+    pos = api.new_1d(ctx, GGML_TYPE_I32, 3)
+    api.set_input(pos)
+    ins.append(pos)
+    return api.rope(ctx, x, pos, 32, 2)
+
+
+def _ffn(api, ctx, ins):
+    x = _inp(api, ctx, ins, GGML_TYPE_F32, 64, 3)
+    g = _inp(api, ctx, ins, GGML_TYPE_F32, 64, 1)
+    w = _inp(api, ctx, ins, GGML_TYPE_F16, 64, 48)
+    b = _inp(api, ctx, ins, GGML_TYPE_F32, 48, 3)
+    h = api.mul(ctx, api.rms_norm(ctx, x, 1e-6), g)
+    return api.add(ctx, api.silu(ctx, api.mul_mat(ctx, w, h)), b)
+
+
+COMPUTE_CASES = {
+    "mul_mat_f32": _mul_mat(GGML_TYPE_F32, 64, 32, 4),
+    "mul_mat_f16": _mul_mat(GGML_TYPE_F16, 128, 16, 3),
+    "mul_mat_q8_0": _mul_mat(GGML_TYPE_Q8_0, 256, 8, 5),
+    "add": _add,
+    "rms_norm": _rms_norm,
+    "soft_max": _soft_max,
+    "get_rows": _get_rows,
+    "rope_neox": _rope_neox,
+    "ffn_chain": _ffn,
+}
+
+
+def _input_bytes(api, t, seed):
+    typ = C.c_int.from_address(t).value
+    n = api.nelements(t)
+    if typ == GGML_TYPE_I32:
+        return b"".join(((i * 7 + seed) % 16).to_bytes(4, "little") for i in range(n))
+    rng = random.Random(seed)
+    floats = (C.c_float * n)(*[rng.uniform(-1.0, 1.0) for _ in range(n)])
+    if typ == GGML_TYPE_F32:
+        return bytes(floats)
+    out = C.create_string_buffer(api.nbytes(t))
+    if typ == GGML_TYPE_F16:
+        api.fp32_to_fp16_row(floats, out, n)
+    else:
+        ne0 = C.c_int64.from_address(t + 16).value
+        api.quantize_chunk(typ, floats, out, 0, api.nrows(t), ne0, None)
+    return out.raw
+
+
+def _compute_on(api, name, backend, buft, where):
+    params = InitParams(64 * api.tensor_overhead() + api.graph_overhead(), None, True)
+    ctx = api.init(params)
+    ins = []
+    out = COMPUTE_CASES[name](api, ctx, ins)
+    api.set_output(out)
+    graph = api.new_graph(ctx)
+    api.build_forward_expand(graph, out)
+    buf = api.alloc_ctx_tensors(ctx, buft)
+    if not buf:
+        fail(f"compute {name}: allocation on {where} failed")
+    for i, t in enumerate(ins):
+        data = _input_bytes(api, t, i + 1)
+        api.tensor_set(t, data, 0, len(data))
+    status = api.graph_compute(backend, graph)
+    if status != GGML_STATUS_SUCCESS:
+        fail(f"compute {name}: status {status} on {where}")
+    n = api.nelements(out)
+    if C.c_int.from_address(out).value != GGML_TYPE_F32:
+        fail(f"compute {name}: output is not F32")
+    res = (C.c_float * n)()
+    api.tensor_get(out, res, 0, n * 4)
+    api.buffer_free(buf)
+    api.free(ctx)
+    return list(res)
+
+
+def run_compute(api, name, ep):
+    if name not in COMPUTE_CASES:
+        fail(f"unknown compute case {name}")
+    backend = api.rpc_init(ep, 0)
+    buft = api.rpc_buffer_type(ep, 0)
+    if not backend or not buft:
+        fail("ggml_backend_rpc_init / _buffer_type returned NULL")
+    cpu = api.cpu_init()
+    api.cpu_set_n_threads(cpu, 1)
+    want = _compute_on(api, name, cpu, api.cpu_buffer_type(), "the local CPU backend")
+    got = _compute_on(api, name, backend, buft, "the RPC server")
+    if len(got) != len(want):
+        fail(f"compute {name}: {len(got)} outputs, want {len(want)}")
+    err = sum((a - b) ** 2 for a, b in zip(got, want))
+    norm = sum(b * b for b in want)
+    nmse = err / norm if norm > 0 else err
+    print(f"compute {name} nmse={nmse:.3g} ({len(want)} outputs; first: got {got[0]:g} want {want[0]:g})")
+    if any(v != v for v in got) or not nmse <= 5e-4:
+        fail(f"compute {name}: nmse {nmse:.3g} above 5e-4")
+    api.backend_free(cpu)
+    api.backend_free(backend)
+    print("rpc_client_check.py: OK", flush=True)
+    return 0
+
+
 def main():
     global ENDPOINT
     ap = argparse.ArgumentParser()
@@ -148,10 +311,16 @@ def main():
     ap.add_argument("--weights", type=int, default=16)
     ap.add_argument("--lib-dir", default="/opt/llama/lib")
     ap.add_argument("--no-uid", action="store_true")
+    ap.add_argument("--compute", default=None)
     args = ap.parse_args()
     ENDPOINT = args.endpoint
     ep = ENDPOINT.encode()
+    if args.compute == "list":
+        print("\n".join(COMPUTE_CASES))
+        return 0
     api = load(args.lib_dir)
+    if args.compute:
+        return run_compute(api, args.compute, ep)
     rng = random.Random(0x5eed)
 
     # HELLO, DEVICE_COUNT, GET_DEVICE_MEMORY

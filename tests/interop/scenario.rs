@@ -89,7 +89,14 @@ impl Ids {
 
 /// A tensor of `type_id`/`ne` placed at `offset` inside `buf` (data = base + offset, as a
 /// llama.cpp client computes it from BUFFER_GET_BASE).
-fn tensor(ids: &mut Ids, buf: &Buf, type_id: u32, ne: [u32; 4], offset: u64, name: &str) -> RpcTensor {
+fn tensor(
+    ids: &mut Ids,
+    buf: &Buf,
+    type_id: u32,
+    ne: [u32; 4],
+    offset: u64,
+    name: &str,
+) -> RpcTensor {
     let mut t = RpcTensor::contiguous(ids.next(), type_id, ne).expect("valid type");
     t.buffer = buf.remote.handle;
     t.data = buf.base + offset;
@@ -102,14 +109,22 @@ fn bytes_tensor(ids: &mut Ids, buf: &Buf, offset: u64, len: usize, name: &str) -
 }
 
 async fn alloc(c: &mut Client, size: u64, fill: u8, what: &str) -> Res<Buf> {
-    let remote = step(&format!("ALLOC_BUFFER {size} ({what})"), c.alloc_buffer(0, size))
-        .await?
-        .ok_or_else(|| format!("ALLOC_BUFFER {size} ({what}) failed (null handle)"))?;
+    let remote = step(
+        &format!("ALLOC_BUFFER {size} ({what})"),
+        c.alloc_buffer(0, size),
+    )
+    .await?
+    .ok_or_else(|| format!("ALLOC_BUFFER {size} ({what}) failed (null handle)"))?;
     ensure(remote.size == size, || {
-        format!("ALLOC_BUFFER {size}: the server reports size {}", remote.size)
+        format!(
+            "ALLOC_BUFFER {size}: the server reports size {}",
+            remote.size
+        )
     })?;
     let base = step("BUFFER_GET_BASE", c.buffer_base(remote.handle)).await?;
-    ensure(base != 0, || format!("BUFFER_GET_BASE of a {size}-byte buffer: 0"))?;
+    ensure(base != 0, || {
+        format!("BUFFER_GET_BASE of a {size}-byte buffer: 0")
+    })?;
     step("BUFFER_CLEAR", c.buffer_clear(remote.handle, fill)).await?;
     Ok(Buf {
         remote,
@@ -121,18 +136,41 @@ async fn alloc(c: &mut Client, size: u64, fill: u8, what: &str) -> Res<Buf> {
 /// Reads the whole buffer back and compares it with the model.
 async fn verify(c: &mut Client, ids: &mut Ids, buf: &Buf, after: &str) -> Res<()> {
     let whole = bytes_tensor(ids, buf, 0, buf.model.len(), "whole");
-    let got = step(&format!("GET_TENSOR of the whole buffer after {after}"), c.get_tensor(&whole, 0, buf.model.len() as u64)).await?;
+    let got = step(
+        &format!("GET_TENSOR of the whole buffer after {after}"),
+        c.get_tensor(&whole, 0, buf.model.len() as u64),
+    )
+    .await?;
     compare(&got, &buf.model, &format!("the buffer after {after}"))
 }
 
 /// SET_TENSOR of `data` into a fresh tensor at `offset`, GET_TENSOR of it back.
-async fn round_trip(c: &mut Client, ids: &mut Ids, buf: &mut Buf, offset: u64, data: Vec<u8>, what: &str) -> Res<()> {
+async fn round_trip(
+    c: &mut Client,
+    ids: &mut Ids,
+    buf: &mut Buf,
+    offset: u64,
+    data: Vec<u8>,
+    what: &str,
+) -> Res<()> {
     let len = data.len();
     let t = bytes_tensor(ids, buf, offset, len, what);
     let data = Bytes::from(data);
-    step(&format!("SET_TENSOR {what} ({len} bytes at +{offset})"), c.set_tensor(&t, 0, data.clone())).await?;
-    let got = step(&format!("GET_TENSOR {what} ({len} bytes at +{offset})"), c.get_tensor(&t, 0, len as u64)).await?;
-    compare(&got, &data, &format!("round trip of {what} ({len} bytes at buffer offset {offset})"))?;
+    step(
+        &format!("SET_TENSOR {what} ({len} bytes at +{offset})"),
+        c.set_tensor(&t, 0, data.clone()),
+    )
+    .await?;
+    let got = step(
+        &format!("GET_TENSOR {what} ({len} bytes at +{offset})"),
+        c.get_tensor(&t, 0, len as u64),
+    )
+    .await?;
+    compare(
+        &got,
+        &data,
+        &format!("round trip of {what} ({len} bytes at buffer offset {offset})"),
+    )?;
     buf.model[offset as usize..offset as usize + len].copy_from_slice(&data);
     Ok(())
 }
@@ -150,7 +188,10 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     facts.insert("device count".into(), devices.to_string());
     let memory = step("GET_DEVICE_MEMORY", c.device_memory(0)).await?;
     ensure(memory.total > 0 && memory.free <= memory.total, || {
-        format!("GET_DEVICE_MEMORY: free {} of total {}", memory.free, memory.total)
+        format!(
+            "GET_DEVICE_MEMORY: free {} of total {}",
+            memory.free, memory.total
+        )
     })?;
     let alignment = step("GET_ALIGNMENT", c.alignment(0)).await?;
     facts.insert("alignment".into(), alignment.to_string());
@@ -164,17 +205,32 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
             facts.insert("alloc 0".into(), "null handle".into());
         }
         Some(zero) => {
-            let base = step("BUFFER_GET_BASE of the 0-byte buffer", c.buffer_base(zero.handle)).await?;
-            step("BUFFER_CLEAR of the 0-byte buffer", c.buffer_clear(zero.handle, 7)).await?;
+            let base = step(
+                "BUFFER_GET_BASE of the 0-byte buffer",
+                c.buffer_base(zero.handle),
+            )
+            .await?;
+            step(
+                "BUFFER_CLEAR of the 0-byte buffer",
+                c.buffer_clear(zero.handle, 7),
+            )
+            .await?;
             facts.insert("alloc 0".into(), format!("size {} base {base}", zero.size));
-            step("FREE_BUFFER of the 0-byte buffer", c.free_buffer(zero.handle)).await?;
+            step(
+                "FREE_BUFFER of the 0-byte buffer",
+                c.free_buffer(zero.handle),
+            )
+            .await?;
         }
     }
 
     // One 4 MiB + 17 buffer for everything small; BUFFER_GET_BASE, BUFFER_CLEAR
     let size = (4 << 20) + 17;
     let mut buf = alloc(c, size, 0xAA, "main").await?;
-    facts.insert("base aligned".into(), (buf.base % alignment.max(1) == 0).to_string());
+    facts.insert(
+        "base aligned".into(),
+        (buf.base % alignment.max(1) == 0).to_string(),
+    );
     verify(c, &mut ids, &buf, "BUFFER_CLEAR 0xaa").await?;
     step("BUFFER_CLEAR 0x3c", c.buffer_clear(buf.remote.handle, 0x3c)).await?;
     buf.model.fill(0x3c);
@@ -192,25 +248,54 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
         (3 << 20, 999_999),
     ];
     for (i, &(offset, len)) in cases.iter().enumerate() {
-        round_trip(c, &mut ids, &mut buf, offset, pattern(len, 100 + i as u64), &format!("case {i}")).await?;
+        round_trip(
+            c,
+            &mut ids,
+            &mut buf,
+            offset,
+            pattern(len, 100 + i as u64),
+            &format!("case {i}"),
+        )
+        .await?;
     }
     verify(c, &mut ids, &buf, "the odd round trips").await?;
 
     // SET_TENSOR / GET_TENSOR with a non-zero offset inside the tensor
     let t = bytes_tensor(&mut ids, &buf, 3, 10_000, "inner");
     let data = Bytes::from(pattern(999, 7));
-    step("SET_TENSOR at tensor offset 5", c.set_tensor(&t, 5, data.clone())).await?;
+    step(
+        "SET_TENSOR at tensor offset 5",
+        c.set_tensor(&t, 5, data.clone()),
+    )
+    .await?;
     buf.model[8..8 + 999].copy_from_slice(&data);
     let got = step("GET_TENSOR at tensor offset 5", c.get_tensor(&t, 5, 999)).await?;
     compare(&got, &data, "GET_TENSOR at tensor offset 5")?;
-    let got = step("GET_TENSOR at tensor offset 9999", c.get_tensor(&t, 9_999, 1)).await?;
-    compare(&got, &buf.model[3 + 9_999..3 + 10_000], "GET_TENSOR of the tensor's last byte")?;
+    let got = step(
+        "GET_TENSOR at tensor offset 9999",
+        c.get_tensor(&t, 9_999, 1),
+    )
+    .await?;
+    compare(
+        &got,
+        &buf.model[3 + 9_999..3 + 10_000],
+        "GET_TENSOR of the tensor's last byte",
+    )?;
     let got = step("GET_TENSOR of 0 bytes", c.get_tensor(&t, 17, 0)).await?;
-    ensure(got.is_empty(), || "GET_TENSOR of 0 bytes returned data".into())?;
+    ensure(got.is_empty(), || {
+        "GET_TENSOR of 0 bytes returned data".into()
+    })?;
 
     // COPY_TENSOR (F32, same buffer, odd destination address)
     let src = tensor(&mut ids, &buf, id::F32, [250, 4, 1, 1], 64, "copy.src");
-    let dst = tensor(&mut ids, &buf, id::F32, [250, 4, 1, 1], (2 << 20) + 1, "copy.dst");
+    let dst = tensor(
+        &mut ids,
+        &buf,
+        id::F32,
+        [250, 4, 1, 1],
+        (2 << 20) + 1,
+        "copy.dst",
+    );
     let n = 250 * 4 * 4;
     let copied = step("COPY_TENSOR", c.copy_tensor(&src, &dst)).await?;
     facts.insert("copy tensor".into(), copied.to_string());
@@ -224,7 +309,11 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     let t = bytes_tensor(&mut ids, &buf, 5, 3_001, "memset");
     step("MEMSET_TENSOR", c.memset_tensor(&t, 7, 1_000, 0xC3)).await?;
     buf.model[12..1_012].fill(0xC3);
-    step("MEMSET_TENSOR of the last byte", c.memset_tensor(&t, 3_000, 1, 0x01)).await?;
+    step(
+        "MEMSET_TENSOR of the last byte",
+        c.memset_tensor(&t, 3_000, 1, 0x01),
+    )
+    .await?;
     buf.model[5 + 3_000] = 0x01;
     verify(c, &mut ids, &buf, "MEMSET_TENSOR").await?;
 
@@ -234,23 +323,43 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     verify(c, &mut ids, &buf, "INIT_TENSOR").await?;
 
     // GET_ALLOC_SIZE: quantized in a buffer, plain F32 without a buffer, MUL_MAT with sources
-    facts.insert("alloc size q8_0[96,3] in buffer".into(), step("GET_ALLOC_SIZE q8", c.alloc_size(0, &q8, &[])).await?.to_string());
+    facts.insert(
+        "alloc size q8_0[96,3] in buffer".into(),
+        step("GET_ALLOC_SIZE q8", c.alloc_size(0, &q8, &[]))
+            .await?
+            .to_string(),
+    );
     let mut loose = RpcTensor::contiguous(ids.next(), id::F32, [4097, 1, 1, 1]).unwrap();
     loose.set_name("loose");
-    facts.insert("alloc size f32[4097] no buffer".into(), step("GET_ALLOC_SIZE f32", c.alloc_size(0, &loose, &[])).await?.to_string());
+    facts.insert(
+        "alloc size f32[4097] no buffer".into(),
+        step("GET_ALLOC_SIZE f32", c.alloc_size(0, &loose, &[]))
+            .await?
+            .to_string(),
+    );
     let a = RpcTensor::contiguous(ids.next(), id::F32, [64, 32, 1, 1]).unwrap();
     let b = RpcTensor::contiguous(ids.next(), id::F32, [64, 64, 1, 1]).unwrap();
     let mut mm = RpcTensor::contiguous(ids.next(), id::F32, [32, 64, 1, 1]).unwrap();
     mm.op = Op::MUL_MAT.0;
     mm.src[0] = a.id;
     mm.src[1] = b.id;
-    facts.insert("alloc size mul_mat".into(), step("GET_ALLOC_SIZE mul_mat", c.alloc_size(0, &mm, &[a, b])).await?.to_string());
+    facts.insert(
+        "alloc size mul_mat".into(),
+        step("GET_ALLOC_SIZE mul_mat", c.alloc_size(0, &mm, &[a, b]))
+            .await?
+            .to_string(),
+    );
     let mut strided = mm.clone();
     strided.id = ids.next();
     strided.nb[1] *= 2;
     strided.nb[2] = strided.nb[1] * strided.ne[1];
     strided.nb[3] = strided.nb[2];
-    facts.insert("alloc size strided mul_mat".into(), step("GET_ALLOC_SIZE strided", c.alloc_size(0, &strided, &[])).await?.to_string());
+    facts.insert(
+        "alloc size strided mul_mat".into(),
+        step("GET_ALLOC_SIZE strided", c.alloc_size(0, &strided, &[]))
+            .await?
+            .to_string(),
+    );
 
     // SET_TENSOR_HASH: a miss answers 0; with a cache, SET_TENSOR with cache_flag 1 stores the
     // data and the next SET_TENSOR_HASH of the same bytes hits and writes them
@@ -259,20 +368,40 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     let at = 1_048_579u64;
     let t = bytes_tensor(&mut ids, &buf, at, data.len(), "hashed");
     // a hash no one has stored: 0 for every server, with or without a cache
-    let miss = step("SET_TENSOR_HASH (unknown hash)", c.set_tensor_hash(&t, 0, hash ^ 0x5a5a_5a5a_5a5a_5a5a)).await?;
+    let miss = step(
+        "SET_TENSOR_HASH (unknown hash)",
+        c.set_tensor_hash(&t, 0, hash ^ 0x5a5a_5a5a_5a5a_5a5a),
+    )
+    .await?;
     facts.insert("set tensor hash unknown".into(), miss.to_string());
     verify(c, &mut ids, &buf, "SET_TENSOR_HASH miss").await?;
-    step("SET_TENSOR with cache_flag 1", c.set_tensor_with_cache_flag(&t, 0, data.clone(), true)).await?;
+    step(
+        "SET_TENSOR with cache_flag 1",
+        c.set_tensor_with_cache_flag(&t, 0, data.clone(), true),
+    )
+    .await?;
     buf.model[at as usize..at as usize + data.len()].copy_from_slice(&data);
     verify(c, &mut ids, &buf, "SET_TENSOR with cache_flag 1").await?;
-    step("MEMSET_TENSOR (wipe the hashed tensor)", c.memset_tensor(&t, 0, data.len() as u64, 0)).await?;
+    step(
+        "MEMSET_TENSOR (wipe the hashed tensor)",
+        c.memset_tensor(&t, 0, data.len() as u64, 0),
+    )
+    .await?;
     buf.model[at as usize..at as usize + data.len()].fill(0);
-    let hit = step("SET_TENSOR_HASH (stored hash)", c.set_tensor_hash(&t, 0, hash)).await?;
+    let hit = step(
+        "SET_TENSOR_HASH (stored hash)",
+        c.set_tensor_hash(&t, 0, hash),
+    )
+    .await?;
     if options.server_has_cache {
         facts.insert("set tensor hash stored".into(), hit.to_string());
-        ensure(hit, || "SET_TENSOR_HASH: a server with a cache did not find the data just stored with cache_flag 1".into())?;
+        ensure(hit, || {
+            "SET_TENSOR_HASH: a server with a cache did not find the data just stored with cache_flag 1".into()
+        })?;
     } else {
-        ensure(!hit, || "SET_TENSOR_HASH: a server without a cache answered 1".into())?;
+        ensure(!hit, || {
+            "SET_TENSOR_HASH: a server without a cache answered 1".into()
+        })?;
     }
     if hit {
         buf.model[at as usize..at as usize + data.len()].copy_from_slice(&data);
@@ -298,37 +427,119 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
         tensors: vec![leaf.clone(), view.clone()],
     };
     let first = step("GRAPH_COMPUTE", c.graph_compute(&graph)).await?;
-    ensure(first == GraphSubmission::Compute, || format!("first submission was {first:?}"))?;
+    ensure(first == GraphSubmission::Compute, || {
+        format!("first submission was {first:?}")
+    })?;
     verify(c, &mut ids, &buf, "GRAPH_COMPUTE").await?;
     let second = step("GRAPH_RECOMPUTE", c.graph_compute(&graph)).await?;
-    ensure(second == GraphSubmission::Recompute, || format!("second submission was {second:?}"))?;
+    ensure(second == GraphSubmission::Recompute, || {
+        format!("second submission was {second:?}")
+    })?;
     verify(c, &mut ids, &buf, "GRAPH_RECOMPUTE").await?;
     let got = step("GET_TENSOR through the view", c.get_tensor(&view, 0, 400)).await?;
-    compare(&got, &buf.model[8_192 + 40..8_192 + 440], "GET_TENSOR through the view")?;
+    compare(
+        &got,
+        &buf.model[8_192 + 40..8_192 + 440],
+        "GET_TENSOR through the view",
+    )?;
+
+    // GRAPH_COMPUTE of a real MUL_MAT: Y[3,2] = W[4,3] x X[4,2], small integers so that the
+    // sums are exact in any summation order
+    let w_vals: Vec<f32> = (0..12).map(|i| (i % 5) as f32 - 2.0).collect();
+    let x_vals: Vec<f32> = (0..8).map(|i| (i % 3) as f32 + 1.0).collect();
+    let w = tensor(&mut ids, &buf, id::F32, [4, 3, 1, 1], 12_288, "w");
+    let x = tensor(&mut ids, &buf, id::F32, [4, 2, 1, 1], 12_352, "x");
+    let mut y = tensor(&mut ids, &buf, id::F32, [3, 2, 1, 1], 12_416, "y");
+    y.op = Op::MUL_MAT.0;
+    y.src[0] = w.id;
+    y.src[1] = x.id;
+    y.flags = flags::COMPUTE | flags::OUTPUT;
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    for (t, vals, at) in [(&w, &w_vals, 12_288usize), (&x, &x_vals, 12_352)] {
+        let data = f32_bytes(vals);
+        step(
+            "SET_TENSOR (mul_mat input)",
+            c.set_tensor(t, 0, Bytes::from(data.clone())),
+        )
+        .await?;
+        buf.model[at..at + data.len()].copy_from_slice(&data);
+    }
+    let (mut w_rec, mut x_rec) = (w.clone(), x.clone());
+    w_rec.use_count = 1;
+    x_rec.use_count = 1;
+    let graph = GraphComputeRequest {
+        device: 0,
+        uid: 0,
+        node_ids: vec![y.id],
+        tensors: vec![w_rec, x_rec, y.clone()],
+    };
+    step("GRAPH_COMPUTE (mul_mat)", c.graph_compute(&graph)).await?;
+    let want: Vec<f32> = (0..2)
+        .flat_map(|n| {
+            let (w_vals, x_vals) = (&w_vals, &x_vals);
+            (0..3).map(move |m| {
+                (0..4)
+                    .map(|k| w_vals[m * 4 + k] * x_vals[n * 4 + k])
+                    .sum::<f32>()
+            })
+        })
+        .collect();
+    buf.model[12_416..12_416 + 24].copy_from_slice(&f32_bytes(&want));
+    let got = step("GET_TENSOR (mul_mat result)", c.get_tensor(&y, 0, 24)).await?;
+    compare(
+        &got,
+        &f32_bytes(&want),
+        &format!("MUL_MAT result (want {want:?})"),
+    )?;
+    facts.insert("mul_mat result".into(), format!("{want:?}"));
+    verify(c, &mut ids, &buf, "GRAPH_COMPUTE of MUL_MAT").await?;
 
     // SET_TENSOR_2D / GET_TENSOR_2D (protocol 8)
     if v8 {
         let rows = bytes_tensor(&mut ids, &buf, (3 << 20) + 1_000_000, 64 * 16, "rows");
         let r0 = (3 << 20) + 1_000_000usize;
         let packed = pattern(5 * 10, 0x2D);
-        step("SET_TENSOR_2D", c.set_tensor_2d(&rows, 3, 10, 5, 70, Bytes::from(packed.clone()))).await?;
+        step(
+            "SET_TENSOR_2D",
+            c.set_tensor_2d(&rows, 3, 10, 5, 70, Bytes::from(packed.clone())),
+        )
+        .await?;
         for i in 0..5 {
-            buf.model[r0 + 3 + 70 * i..r0 + 3 + 70 * i + 10].copy_from_slice(&packed[10 * i..10 * i + 10]);
+            buf.model[r0 + 3 + 70 * i..r0 + 3 + 70 * i + 10]
+                .copy_from_slice(&packed[10 * i..10 * i + 10]);
         }
         verify(c, &mut ids, &buf, "SET_TENSOR_2D").await?;
         let got = step("GET_TENSOR_2D", c.get_tensor_2d(&rows, 1, 20, 4, 64)).await?;
-        let want: Vec<u8> = (0..4).flat_map(|i| buf.model[r0 + 1 + 64 * i..r0 + 1 + 64 * i + 20].to_vec()).collect();
+        let want: Vec<u8> = (0..4)
+            .flat_map(|i| buf.model[r0 + 1 + 64 * i..r0 + 1 + 64 * i + 20].to_vec())
+            .collect();
         compare(&got, &want, "GET_TENSOR_2D")?;
         // stride 0: every copy lands on the same bytes, the last one wins
         let packed = pattern(3 * 8, 0x2E);
-        step("SET_TENSOR_2D stride 0", c.set_tensor_2d(&rows, 100, 8, 3, 0, Bytes::from(packed.clone()))).await?;
+        step(
+            "SET_TENSOR_2D stride 0",
+            c.set_tensor_2d(&rows, 100, 8, 3, 0, Bytes::from(packed.clone())),
+        )
+        .await?;
         buf.model[r0 + 100..r0 + 108].copy_from_slice(&packed[16..24]);
         verify(c, &mut ids, &buf, "SET_TENSOR_2D with stride 0").await?;
-        let got = step("GET_TENSOR_2D stride 0", c.get_tensor_2d(&rows, 100, 8, 3, 0)).await?;
-        compare(&got, &packed[16..24].repeat(3), "GET_TENSOR_2D with stride 0")?;
+        let got = step(
+            "GET_TENSOR_2D stride 0",
+            c.get_tensor_2d(&rows, 100, 8, 3, 0),
+        )
+        .await?;
+        compare(
+            &got,
+            &packed[16..24].repeat(3),
+            "GET_TENSOR_2D with stride 0",
+        )?;
         // one copy, the whole tensor
         let whole = pattern(64 * 16, 0x2F);
-        step("SET_TENSOR_2D one copy", c.set_tensor_2d(&rows, 0, 64 * 16, 1, 64 * 16, Bytes::from(whole.clone()))).await?;
+        step(
+            "SET_TENSOR_2D one copy",
+            c.set_tensor_2d(&rows, 0, 64 * 16, 1, 64 * 16, Bytes::from(whole.clone())),
+        )
+        .await?;
         buf.model[r0..r0 + 64 * 16].copy_from_slice(&whole);
         verify(c, &mut ids, &buf, "SET_TENSOR_2D of one copy").await?;
     }
@@ -336,8 +547,20 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     // Big round trips, each in a buffer of its own, at an odd address
     for &len in &options.big_sizes {
         let mut big = alloc(c, len as u64 + 1, 0x00, &format!("{len} bytes")).await?;
-        round_trip(c, &mut ids, &mut big, 1, pattern(len, len as u64), &format!("{} MiB", len >> 20)).await?;
-        let got = step("GET_TENSOR of the big buffer's first byte", c.get_tensor(&bytes_tensor(&mut ids, &big, 0, 1, "first"), 0, 1)).await?;
+        round_trip(
+            c,
+            &mut ids,
+            &mut big,
+            1,
+            pattern(len, len as u64),
+            &format!("{} MiB", len >> 20),
+        )
+        .await?;
+        let got = step(
+            "GET_TENSOR of the big buffer's first byte",
+            c.get_tensor(&bytes_tensor(&mut ids, &big, 0, 1, "first"), 0, 1),
+        )
+        .await?;
         compare(&got, &[0], "the byte before the big tensor")?;
         step("FREE_BUFFER (big)", c.free_buffer(big.remote.handle)).await?;
     }
@@ -345,7 +568,9 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     // FREE_BUFFER; the connection stays usable
     step("FREE_BUFFER", c.free_buffer(buf.remote.handle)).await?;
     let again = step("DEVICE_COUNT after FREE_BUFFER", c.device_count()).await?;
-    ensure(again == devices, || format!("DEVICE_COUNT changed from {devices} to {again}"))?;
+    ensure(again == devices, || {
+        format!("DEVICE_COUNT changed from {devices} to {again}")
+    })?;
     Ok(facts)
 }
 
@@ -354,7 +579,11 @@ pub fn diff_facts(theirs: &Facts, ours: &Facts) -> Vec<String> {
     let mut out = Vec::new();
     for key in theirs.keys().chain(ours.keys()) {
         let (a, b) = (theirs.get(key), ours.get(key));
-        if a != b && !out.iter().any(|line: &String| line.starts_with(&format!("{key}:"))) {
+        if a != b
+            && !out
+                .iter()
+                .any(|line: &String| line.starts_with(&format!("{key}:")))
+        {
             out.push(format!("{key}: llama.cpp {a:?}, ours {b:?}"));
         }
     }

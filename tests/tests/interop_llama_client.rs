@@ -30,7 +30,10 @@ fn facts(output: &str) -> Vec<&str> {
 
 fn assert_same_facts(theirs: &str, ours: &str, what: &str) {
     let (a, b) = (facts(theirs), facts(ours));
-    assert!(!a.is_empty(), "{what}: no fact lines from the control run:\n{theirs}");
+    assert!(
+        !a.is_empty(),
+        "{what}: no fact lines from the control run:\n{theirs}"
+    );
     assert_eq!(
         a, b,
         "{what}: llama.cpp's client sees different answers from our server than from llama.cpp's \
@@ -51,18 +54,26 @@ fn llama_multi_server_script_against_our_server_protocol_7() {
         .arg(peer.rpc_server())
         .arg(&client)
         .env("GGML_RPC_NO_RDMA", "1");
-    let (status, output) = harness::run_with_timeout("test-rpc-multi-server.sh (llama.cpp's server)", &mut control, Duration::from_secs(120));
-    assert!(status.success(), "the upstream scenario fails with upstream's own server ({status}):\n{output}");
+    let (status, output) = harness::run_with_timeout(
+        "test-rpc-multi-server.sh (llama.cpp's server)",
+        &mut control,
+        Duration::from_secs(120),
+    );
+    assert!(
+        status.success(),
+        "the upstream scenario fails with upstream's own server ({status}):\n{output}"
+    );
 
     // Ours: the script starts `<server> --device CPU --host 127.0.0.1 --port P` twice; the
-    // wrapper adds --protocol 7 and keeps a copy of each server's log (the script deletes its).
+    // wrapper adds --protocol 7 and keeps a copy of each server's stderr (the script deletes
+    // its logs, and greps server B's for "invalid data ptr", so stderr still goes there too).
     let server = harness::our_server_binary();
     let dir = tempfile::tempdir().expect("tempdir");
     let wrapper = dir.path().join("our-ggml-rpc-server");
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nexec '{}' --protocol 7 \"$@\" 2>>'{}/server-$$.log'\n",
+            "#!/bin/bash\nexec '{}' --protocol 7 \"$@\" 2> >(tee -a '{}'/server-$$.log >&2)\n",
             server.display(),
             dir.path().display()
         ),
@@ -72,8 +83,15 @@ fn llama_multi_server_script_against_our_server_protocol_7() {
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&wrapper, perms).unwrap();
     let mut ours = Command::new("bash");
-    ours.arg(&script).arg(&wrapper).arg(&client).env("GGML_RPC_NO_RDMA", "1");
-    let (status, output) = harness::run_with_timeout("test-rpc-multi-server.sh (our server)", &mut ours, Duration::from_secs(120));
+    ours.arg(&script)
+        .arg(&wrapper)
+        .arg(&client)
+        .env("GGML_RPC_NO_RDMA", "1");
+    let (status, output) = harness::run_with_timeout(
+        "test-rpc-multi-server.sh (our server)",
+        &mut ours,
+        Duration::from_secs(120),
+    );
     let mut logs = String::new();
     for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
         if entry.file_name().to_string_lossy().starts_with("server-") {
@@ -89,6 +107,16 @@ fn llama_multi_server_script_against_our_server_protocol_7() {
         "upstream's test-rpc-multi-server.sh fails with our ggml-rpc-server --protocol 7 \
          ({status}):\n{output}\nour server logs:\n{logs}"
     );
+    eprintln!("our server logs:\n{logs}");
+    // Both servers really ran, served a client, and closed nothing because of an error.
+    assert!(
+        logs.matches("Accepted client connection").count() >= 2,
+        "our server logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains("WARN") && !logs.contains("ERROR"),
+        "our server logged problems:\n{logs}"
+    );
 }
 
 #[test]
@@ -99,16 +127,31 @@ fn llama_c_client_against_our_server_protocol_7() {
     // Control: the check passes against llama.cpp's own server.
     let cache = tempfile::tempdir().expect("tempdir");
     let (mut server, addr) = harness::start_b11434_server(&peer, logs.path(), Some(cache.path()));
-    let theirs = harness::run_c_check(&peer, &addr.to_string(), &["--big", "64"], "llama.cpp b11434's server");
+    let theirs = harness::run_c_check(
+        &peer,
+        &addr.to_string(),
+        &["--big", "64"],
+        "llama.cpp b11434's server",
+    );
     server.assert_alive("after the C check");
     drop(server);
 
     // Ours, twice on one server (the second run finds the weight in the tensor cache).
     let ours_cache = tempfile::tempdir().expect("tempdir");
     let ours = OurServer::start(ProtocolVersion::V7_0_0, Some(ours_cache.path()));
-    let first = harness::run_c_check(&peer, &ours.endpoint(), &["--big", "64"], "our server (protocol 7)");
+    let first = harness::run_c_check(
+        &peer,
+        &ours.endpoint(),
+        &["--big", "64"],
+        "our server (protocol 7)",
+    );
     assert_same_facts(&theirs, &first, "protocol 7, C client");
-    let second = harness::run_c_check(&peer, &ours.endpoint(), &[], "our server (protocol 7), second run");
+    let second = harness::run_c_check(
+        &peer,
+        &ours.endpoint(),
+        &[],
+        "our server (protocol 7), second run",
+    );
     assert_same_facts(&theirs, &second, "protocol 7, C client, second run");
     ours.wait_no_buffers(Duration::from_secs(10));
 }
@@ -120,15 +163,143 @@ fn llama_py_client_against_our_server_protocol_8() {
 
     // Control: the check passes against llama.cpp b11739's own server.
     let (mut server, addr) = harness::start_b11739_server(&peer, logs.path(), None);
-    let theirs = harness::run_py_check(&peer, &addr.to_string(), &["--big", "64"], "llama.cpp b11739's server");
+    let theirs = harness::run_py_check(
+        &peer,
+        &addr.to_string(),
+        &["--big", "64"],
+        "llama.cpp b11739's server",
+    );
     server.assert_alive("after the Python check");
     drop(server);
 
     let ours_cache = tempfile::tempdir().expect("tempdir");
     let ours = OurServer::start(ProtocolVersion::V8_0_0, Some(ours_cache.path()));
-    let first = harness::run_py_check(&peer, &ours.endpoint(), &["--big", "64"], "our server (protocol 8)");
+    let first = harness::run_py_check(
+        &peer,
+        &ours.endpoint(),
+        &["--big", "64"],
+        "our server (protocol 8)",
+    );
     assert_same_facts(&theirs, &first, "protocol 8, Python client");
-    let second = harness::run_py_check(&peer, &ours.endpoint(), &[], "our server (protocol 8), second run");
+    let second = harness::run_py_check(
+        &peer,
+        &ours.endpoint(),
+        &[],
+        "our server (protocol 8), second run",
+    );
     assert_same_facts(&theirs, &second, "protocol 8, Python client, second run");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
+
+/// Runs every compute case of a check program against `endpoint`; returns the failures.
+fn compute_failures(
+    cases: &[String],
+    what: &str,
+    run: impl Fn(&str) -> (std::process::ExitStatus, String),
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for case in cases {
+        let (status, output) = run(case);
+        if status.success() && output.contains(&format!("compute {case} nmse=")) {
+            eprintln!(
+                "{what}: {}",
+                output
+                    .lines()
+                    .find(|l| l.starts_with("compute "))
+                    .unwrap_or("")
+            );
+        } else {
+            failures.push(format!("--- {case} ({status}):\n{}", output.trim_end()));
+        }
+    }
+    failures
+}
+
+fn case_list(output: &str) -> Vec<String> {
+    let cases: Vec<String> = output
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(cases.len() >= 5, "compute case list: {output}");
+    cases
+}
+
+/// Real graphs (MUL_MAT of F32/F16/Q8_0/Q4_0/Q4_K weights, ADD, MUL, RMS_NORM, SILU, SOFT_MAX,
+/// SCALE, GET_ROWS, ROPE, CPY, and a small FFN chain) sent by llama.cpp's client: the results
+/// from our server must match the local CPU backend of the same llama.cpp build.
+#[test]
+fn llama_c_client_computes_on_our_server_protocol_7() {
+    let peer = harness::b11434();
+    let (status, list) = harness::run_c(&peer, &["-", "--compute", "list"]);
+    assert!(status.success(), "{list}");
+    let cases = case_list(&list);
+    let logs = tempfile::tempdir().expect("tempdir");
+
+    let (mut server, addr) = harness::start_b11434_server(&peer, logs.path(), None);
+    let endpoint = addr.to_string();
+    let control = compute_failures(&cases, "llama.cpp's server", |case| {
+        harness::run_c(&peer, &[&endpoint, "--compute", case])
+    });
+    server.assert_alive("after the compute cases");
+    assert!(
+        control.is_empty(),
+        "compute cases fail against llama.cpp's own server:\n{}\nserver log:\n{}",
+        control.join("\n"),
+        server.log()
+    );
+    drop(server);
+
+    let ours = OurServer::start(ProtocolVersion::V7_0_0, None);
+    let endpoint = ours.endpoint();
+    let failures = compute_failures(&cases, "our server", |case| {
+        harness::run_c(&peer, &[&endpoint, "--compute", case])
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} graphs from llama.cpp's client (protocol 7) fail on our server:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
+
+/// The same with b11739's client (protocol 8: graph uids, asynchronous compute on the server).
+#[test]
+fn llama_py_client_computes_on_our_server_protocol_8() {
+    let peer = harness::b11739();
+    let (status, list) = harness::run_py(&peer, &["-", "--compute", "list"]);
+    assert!(status.success(), "{list}");
+    let cases = case_list(&list);
+    let logs = tempfile::tempdir().expect("tempdir");
+
+    let (mut server, addr) = harness::start_b11739_server(&peer, logs.path(), None);
+    let endpoint = addr.to_string();
+    let control = compute_failures(&cases, "llama.cpp's server", |case| {
+        harness::run_py(&peer, &[&endpoint, "--compute", case])
+    });
+    server.assert_alive("after the compute cases");
+    assert!(
+        control.is_empty(),
+        "compute cases fail against llama.cpp's own server:\n{}\nserver log:\n{}",
+        control.join("\n"),
+        server.log()
+    );
+    drop(server);
+
+    let ours = OurServer::start(ProtocolVersion::V8_0_0, None);
+    let endpoint = ours.endpoint();
+    let failures = compute_failures(&cases, "our server", |case| {
+        harness::run_py(&peer, &[&endpoint, "--compute", case])
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} graphs from llama.cpp's client (protocol 8) fail on our server:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     ours.wait_no_buffers(Duration::from_secs(10));
 }

@@ -21,7 +21,7 @@
 //!   `unsafe` code of the engine;
 //! * `view.rs`: tensor layouts, strided reads and type conversions (safe);
 //! * `plan.rs`: the per-op shape, type and parameter rules;
-//! * `pool.rs`: the threads;
+//! * `pool.rs`: the threads (a persistent pool per backend);
 //! * `ops/`: the kernels, one file per op family (its module documentation lists them);
 //! * `quant/`: ggml's quantized formats (dequantize, quantize, dot products).
 
@@ -43,14 +43,14 @@ use proto_core::{Error, Result};
 use crate::buffers::BufferPool;
 
 use memory::Arena;
-use pool::Pool;
+pub(crate) use pool::Pool;
 
 #[cfg(test)]
 pub(crate) use plan::NOT_IMPLEMENTED;
 
-/// Runs a validated graph on `threads` threads. A graph that breaks an op's rules, or that uses
-/// an op or type without a kernel, is refused before any byte is written.
-pub(crate) fn run(buffers: &BufferPool, threads: usize, graph: &Graph) -> Result<()> {
+/// Runs a validated graph on the threads of `pool`. A graph that breaks an op's rules, or that
+/// uses an op or type without a kernel, is refused before any byte is written.
+pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()> {
     let ids: Vec<BufferId> = plan::buffers(graph);
     // Held (`Arc`s) for the whole graph, so a concurrent FREE_BUFFER cannot take the memory
     // away; locked in ascending id order, as every multi-buffer operation of the pool does.
@@ -65,13 +65,12 @@ pub(crate) fn run(buffers: &BufferPool, threads: usize, graph: &Graph) -> Result
             .zip(guards.iter_mut().map(|guard| guard.bytes_mut())),
     );
     let steps = plan::build(graph, &|id| arena.buffer_len(id))?;
-    let pool = Pool::new(threads);
     // A panic would be a bug in a kernel; it must not take the connection's thread (or the
     // server) down with it, and the locks are released either way.
     catch_unwind(AssertUnwindSafe(|| {
         steps
             .iter()
-            .try_for_each(|step| ops::execute(step, &mut arena, &pool))
+            .try_for_each(|step| ops::execute(step, &mut arena, pool))
     }))
     .unwrap_or_else(|_| Err(Error::Backend("CPU compute engine panicked".into())))
 }

@@ -76,6 +76,20 @@ pub(crate) enum Kernel {
         /// Epsilon.
         eps: f32,
     },
+    /// L2_NORM.
+    L2Norm {
+        /// Epsilon.
+        eps: f32,
+    },
+    /// ADD_ID: `src0 + src1[:, ids[i1, i2]]`.
+    AddId,
+    /// ARGSORT of each row.
+    ArgSort {
+        /// Largest first.
+        descending: bool,
+    },
+    /// TOP_K: indices of each row's `ne0` largest values.
+    TopK,
     /// MUL_MAT.
     MulMat,
     /// MUL_MAT_ID.
@@ -586,7 +600,7 @@ impl Checker<'_> {
                 }
                 one(Kernel::ArgMax, a, false)
             }
-            Op::NORM | Op::RMS_NORM => {
+            Op::NORM | Op::RMS_NORM | Op::L2_NORM => {
                 let a = self.need(0)?;
                 if !is_float(&a) || !is_float(dst) {
                     return Err(self.refuse("norms take F32, F16 or BF16 tensors"));
@@ -597,12 +611,58 @@ impl Checker<'_> {
                 if eps.is_nan() || eps < 0.0 {
                     return Err(self.refuse("negative or NaN epsilon"));
                 }
-                let kernel = if op == Op::NORM {
-                    Kernel::Norm { eps }
-                } else {
-                    Kernel::RmsNorm { eps }
+                let kernel = match op {
+                    Op::NORM => Kernel::Norm { eps },
+                    Op::RMS_NORM => Kernel::RmsNorm { eps },
+                    _ => Kernel::L2Norm { eps },
                 };
                 one(kernel, a, true)
+            }
+            Op::ADD_ID => {
+                let (a, b, ids) = (self.need(0)?, self.need(1)?, self.need(2)?);
+                if !is_float(&a) || !is_float(&b) || !is_float(dst) || ids.type_id != ty::I32 {
+                    return Err(self.refuse("ADD_ID takes float tensors and I32 ids"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                let shapes = a.ne[3] == 1
+                    && b.ne[0] == a.ne[0]
+                    && ids.ne[0] >= a.ne[1]
+                    && ids.ne[1] >= a.ne[2];
+                if !shapes {
+                    return Err(self.bad(format!(
+                        "ADD_ID of {:?}, rows {:?}, ids {:?}",
+                        a.ne, b.ne, ids.ne
+                    )));
+                }
+                Ok((
+                    Kernel::AddId,
+                    vec![Some(a), Some(b), Some(ids)],
+                    vec![true, false, false],
+                ))
+            }
+            Op::ARGSORT | Op::TOP_K => {
+                let a = self.need(0)?;
+                if !is_float(&a) || dst.type_id != ty::I32 {
+                    return Err(self.refuse("sorting takes a float tensor and gives I32"));
+                }
+                let fits = if op == Op::ARGSORT {
+                    a.same_shape(dst)
+                } else {
+                    dst.ne[0] <= a.ne[0] && dst.ne[1..] == a.ne[1..]
+                };
+                if !fits {
+                    return Err(self.bad(format!("sorting {:?} into {:?}", a.ne, dst.ne)));
+                }
+                let kernel = if op == Op::TOP_K {
+                    Kernel::TopK
+                } else {
+                    match self.param(0) {
+                        0 => Kernel::ArgSort { descending: false },
+                        1 => Kernel::ArgSort { descending: true },
+                        _ => return Err(self.refuse("unknown sort order")),
+                    }
+                };
+                one(kernel, a, false)
             }
             Op::MUL_MAT => self.mul_mat(dst),
             Op::MUL_MAT_ID => self.mul_mat_id(dst),
@@ -972,7 +1032,7 @@ impl Checker<'_> {
                 max_bias: self.fparam(1),
             },
             vec![Some(a), mask, sinks],
-            vec![true, false, false],
+            vec![true, true, false],
         ))
     }
 

@@ -1,39 +1,80 @@
 //! The compute threads.
 //!
 //! A node's kernel cuts its work into items (usually destination parts, see
-//! `memory::Dst::split_rows`) and hands them to [`Pool::run`]: the calling thread and up to
-//! `threads - 1` scoped helpers pull items from a shared queue until it is empty. Items are
-//! claimed dynamically, so uneven items balance out; which thread runs an item never changes
-//! what the item computes, so results do not depend on the thread count.
+//! `memory::Dst::split_rows`) and hands them to [`Pool::run`] / [`Pool::run_with`]; the items
+//! run on the backend's `threads` worker threads, each item claimed as a whole by one thread
+//! (work stealing balances uneven items). Which thread runs an item never changes what the
+//! item computes, so results do not depend on the thread count.
 //!
-//! Threads are scoped to one node (`std::thread::scope`): no `'static` bounds, no unsafe
-//! lifetime erasure, and a node's borrows end when it returns. Spawning costs a few
-//! microseconds per helper, so kernels hand over a single item for small nodes, which then runs
-//! on the calling thread without spawning anything (see [`Pool::chunk`]).
+//! The workers are a rayon pool, built on first use and kept for the backend's lifetime: its
+//! scoped jobs may borrow the node's memory (no `'static` bounds, no lifetime erasure of our
+//! own), and a node costs a wake-up instead of thread spawns — spawning per node (measured with
+//! `std::thread::scope`) cost more than the small nodes of a decode step take to compute. If
+//! the pool cannot be built (no threads to be had), items run on the calling thread.
+//! Kernels hand over a single item for small nodes, which then runs on the calling thread
+//! without involving the workers at all (see [`Pool::chunk`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::OnceLock;
 
-use proto_core::{Error, Result};
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
 
-/// Work below this many element-operations runs on the calling thread.
-const PARALLEL_MIN_WORK: usize = 1 << 15;
+use proto_core::Result;
 
-/// Items per thread that kernels aim for, so that dynamic claiming can balance uneven items.
+/// Work below this many element-operations runs on the calling thread: waking workers costs
+/// tens of microseconds on a busy machine, about what a memory-bound op on 256 Ki elements
+/// takes alone.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+
+/// Items per thread that kernels aim for, so that stealing can balance uneven items.
 const ITEMS_PER_THREAD: usize = 4;
 
 /// The compute threads of one backend (`-t N`).
-#[derive(Debug, Clone, Copy)]
 pub(crate) struct Pool {
     threads: usize,
+    /// [`PARALLEL_MIN_WORK`], or 0 in tests that want every node split.
+    min_work: usize,
+    workers: OnceLock<Option<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("threads", &self.threads)
+            .field("started", &self.workers.get().is_some())
+            .finish()
+    }
 }
 
 impl Pool {
-    /// A pool of `threads` threads (the caller included); 0 is taken as 1.
+    /// A pool of `threads` threads; 0 is taken as 1. No thread starts before the first node
+    /// that needs more than one.
     pub(crate) fn new(threads: usize) -> Pool {
         Pool {
             threads: threads.max(1),
+            min_work: PARALLEL_MIN_WORK,
+            workers: OnceLock::new(),
         }
+    }
+
+    /// A pool that splits every node, however small (tests of the parallel paths).
+    #[cfg(test)]
+    pub(crate) fn eager(threads: usize) -> Pool {
+        Pool {
+            min_work: 0,
+            ..Pool::new(threads)
+        }
+    }
+
+    fn workers(&self) -> Option<&rayon::ThreadPool> {
+        self.workers
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.threads)
+                    .thread_name(|i| format!("cpu-compute-{i}"))
+                    .build()
+                    .ok()
+            })
+            .as_ref()
     }
 
     /// How many of `units` (rows, usually) to put in one item when each unit costs about
@@ -41,15 +82,15 @@ impl Pool {
     /// otherwise about [`ITEMS_PER_THREAD`] items per thread.
     pub(crate) fn chunk(&self, units: usize, cost: usize) -> usize {
         let units = units.max(1);
-        if self.threads == 1 || units.saturating_mul(cost) < PARALLEL_MIN_WORK {
+        if self.threads == 1 || units.saturating_mul(cost) < self.min_work {
             return units;
         }
         let items = (self.threads * ITEMS_PER_THREAD).min(units);
         units.div_ceil(items)
     }
 
-    /// Runs `work` on every item, on up to `threads` threads; returns the first error (the
-    /// remaining items are then skipped).
+    /// Runs `work` on every item; returns an error of a failing item (the remaining items are
+    /// then skipped).
     pub(crate) fn run<T: Send>(
         &self,
         items: Vec<T>,
@@ -58,47 +99,33 @@ impl Pool {
         self.run_with(items, || (), |_, item| work(item))
     }
 
-    /// [`Pool::run`] with per-thread state: each thread makes its state once with `init`
-    /// (scratch buffers, caches) and hands it to `work` for every item it claims, so items do
-    /// not allocate.
+    /// [`Pool::run`] with scratch state: `init` makes a state (buffers, caches) that `work`
+    /// reuses for the items one thread runs in a row, so items need not allocate.
     pub(crate) fn run_with<T: Send, S>(
         &self,
         items: Vec<T>,
-        init: impl Fn() -> S + Sync,
-        work: impl Fn(&mut S, T) -> Result<()> + Sync,
+        init: impl Fn() -> S + Sync + Send,
+        work: impl Fn(&mut S, T) -> Result<()> + Sync + Send,
     ) -> Result<()> {
-        let workers = self.threads.min(items.len());
-        if workers <= 1 {
+        if self.threads == 1 || items.len() <= 1 {
             let mut state = init();
-            return items.into_iter().try_for_each(|item| work(&mut state, item));
+            return items
+                .into_iter()
+                .try_for_each(|item| work(&mut state, item));
         }
-        let queue = Mutex::new(items.into_iter());
-        let failure: Mutex<Option<Error>> = Mutex::new(None);
-        let stop = AtomicBool::new(false);
-        let worker = || {
-            let mut state = init();
-            while !stop.load(Ordering::Relaxed) {
-                // A panicking item poisons nothing that matters: the iterator stays valid.
-                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some(item) = next else { break };
-                if let Err(error) = work(&mut state, item) {
-                    stop.store(true, Ordering::Relaxed);
-                    failure
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .get_or_insert(error);
-                }
+        match self.workers() {
+            Some(workers) => workers.install(|| {
+                items
+                    .into_par_iter()
+                    .with_max_len(1)
+                    .try_for_each_init(init, |state, item| work(state, item))
+            }),
+            None => {
+                let mut state = init();
+                items
+                    .into_iter()
+                    .try_for_each(|item| work(&mut state, item))
             }
-        };
-        std::thread::scope(|scope| {
-            for _ in 1..workers {
-                scope.spawn(worker);
-            }
-            worker();
-        });
-        match failure.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            Some(error) => Err(error),
-            None => Ok(()),
         }
     }
 }
@@ -106,18 +133,25 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use proto_core::Error;
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     #[test]
     fn runs_every_item_once_on_several_threads() {
         let pool = Pool::new(4);
         let seen: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        let threads = Mutex::new(HashSet::new());
         pool.run((0..100).collect(), &|i: usize| {
             seen[i].fetch_add(1, Ordering::Relaxed);
+            threads.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_micros(200));
             Ok(())
         })
         .unwrap();
         assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+        assert!(threads.lock().unwrap().len() > 1, "work was spread");
     }
 
     #[test]
@@ -140,8 +174,16 @@ mod tests {
     fn chunks_keep_small_work_on_one_item() {
         let pool = Pool::new(8);
         assert_eq!(pool.chunk(10, 10), 10);
+        assert_eq!(pool.chunk(1000, 100), 1000);
         assert_eq!(pool.chunk(1000, 4096), 1000_usize.div_ceil(32));
         assert_eq!(Pool::new(1).chunk(1000, 4096), 1000);
         assert_eq!(pool.chunk(0, 1), 1);
+    }
+
+    #[test]
+    fn one_thread_never_starts_workers() {
+        let pool = Pool::new(1);
+        pool.run(vec![1, 2, 3], &|_| Ok(())).unwrap();
+        assert!(pool.workers.get().is_none());
     }
 }

@@ -291,7 +291,8 @@ impl G {
         }
     }
 
-    /// Loads the initial image, runs the graph, returns the buffer's bytes.
+    /// Loads the initial image, runs the graph (every node split over `threads`), returns the
+    /// buffer's bytes.
     fn run_graph(&self, graph: &Graph, threads: usize) -> Result<Vec<u8>> {
         let at = TensorLocation {
             buffer: self.buffer,
@@ -301,7 +302,8 @@ impl G {
         self.pool.with_region_mut(at, len, |bytes| {
             bytes[..self.image.len()].copy_from_slice(&self.image);
         })?;
-        super::run(&self.pool, threads, graph)?;
+        // an eager pool splits even these small nodes, so the parallel paths run
+        super::run(&self.pool, &super::Pool::eager(threads), graph)?;
         self.pool.with_region(at, len, <[u8]>::to_vec)
     }
 
@@ -1183,6 +1185,60 @@ fn norm_and_rms_norm_over_strided_rows() {
     );
 }
 
+#[test]
+fn l2_norm_add_id_argsort_and_top_k() {
+    let mut rng = Rng::new(22);
+    let x = rng.values(10 * 6, 2.0);
+    let bias = rng.values(10 * 4, 1.0);
+    let ids: Vec<i64> = vec![3, 0, 1, 1, 2, 0];
+    let mut g = G::new();
+    let a = g.input(ty::F32, [10, 3, 2, 1], &x);
+    let b = g.input(ty::F32, [10, 4, 1, 1], &bias);
+    let it = g.ids(ty::I32, [3, 2, 1, 1], &ids);
+    let l2 = g.node(Op::L2_NORM, ty::F32, [10, 3, 2, 1], &[a], &[f(1e-6)]);
+    let add_id = g.node(Op::ADD_ID, ty::F32, [10, 3, 2, 1], &[a, b, it], &[]);
+    let asc = g.node(Op::ARGSORT, ty::I32, [10, 3, 2, 1], &[a], &[0]);
+    let desc = g.node(Op::ARGSORT, ty::I32, [10, 3, 2, 1], &[a], &[1]);
+    let top = g.node(Op::TOP_K, ty::I32, [4, 3, 2, 1], &[a], &[]);
+    let out = g.run(2).unwrap();
+    let mut want_l2 = Vec::new();
+    let mut want_add = Vec::new();
+    let (mut want_asc, mut want_desc, mut want_top) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, row) in x.chunks(10).enumerate() {
+        let norm = row
+            .iter()
+            .map(|&v| f64::from(v).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        want_l2.extend(row.iter().map(|&v| f64::from(v) / norm));
+        let id = ids[r] as usize;
+        want_add.extend(
+            row.iter()
+                .zip(&bias[id * 10..id * 10 + 10])
+                .map(|(&a, &b)| f64::from(a + b)),
+        );
+        let mut order: Vec<usize> = (0..10).collect();
+        order.sort_by(|&p, &q| row[p].partial_cmp(&row[q]).unwrap());
+        want_asc.extend(order.iter().map(|&i| i as f64));
+        want_desc.extend(order.iter().rev().map(|&i| i as f64));
+        let mut top: Vec<f64> = order.iter().rev().take(4).map(|&i| i as f64).collect();
+        top.swap(0, 1);
+        want_top.extend(top);
+    }
+    assert_close(&g.read(&out, l2), &want_l2, 1e-12, "l2_norm");
+    assert_close(&g.read(&out, add_id), &want_add, 0.0, "add_id");
+    assert_close(&g.read(&out, asc), &want_asc, 0.0, "argsort ascending");
+    assert_close(&g.read(&out, desc), &want_desc, 0.0, "argsort descending");
+    assert_close(&g.read(&out, top), &want_top, 0.0, "top_k");
+    // an id past src1's rows fails the graph before ADD_ID writes
+    let mut g = G::new();
+    let a = g.input(ty::F32, [4, 1, 1, 1], &[1.0; 4]);
+    let b = g.input(ty::F32, [4, 2, 1, 1], &[1.0; 8]);
+    let it = g.ids(ty::I32, [1, 1, 1, 1], &[2]);
+    g.node(Op::ADD_ID, ty::F32, [4, 1, 1, 1], &[a, b, it], &[]);
+    assert_eq!(g.run(1).unwrap_err().kind(), ErrorKind::OutOfBounds);
+}
+
 // --- matrix products -----------------------------------------------------------------------
 
 /// Weights as the kernel's dot products see them, and the activations after ggml's conversion
@@ -1283,6 +1339,37 @@ fn mul_mat_in_every_weight_type_with_broadcast_and_transposed_activations() {
             &want,
             tolerance,
             &format!("mul_mat type {w_type} k {k} m {m} n {n}"),
+        );
+    }
+}
+
+#[test]
+fn mul_mat_with_strided_float_weights_widens_them() {
+    let mut rng = Rng::new(21);
+    for w_type in [ty::F32, ty::F16, ty::BF16] {
+        let (k, m, n) = (40, 9, 5);
+        // weights stored as [m, k] and used through a transposed view [k, m]
+        let wt_values = rng.values(k * m, 1.0);
+        let x = rng.values(k * n, 1.0);
+        let mut g = G::new();
+        let base = g.input(w_type, [m, k, 1, 1], &wt_values);
+        let w = g.transpose(base);
+        let xt = g.input(ty::F32, [k, n, 1, 1], &x);
+        let mm = g.node(Op::MUL_MAT, ty::F32, [m, n, 1, 1], &[w, xt], &[]);
+        let out = g.run(2).unwrap();
+        let (wv, xv) = (stored(w_type, &wt_values), stored(w_type, &x));
+        let want: Vec<f64> = all([m, n, 1, 1])
+            .map(|[i0, i1, ..]| {
+                (0..k)
+                    .map(|kk| f64::from(wv[i0 + m * kk]) * f64::from(xv[kk + k * i1]))
+                    .sum()
+            })
+            .collect();
+        assert_close(
+            &g.read(&out, mm),
+            &want,
+            1e-10,
+            &format!("strided weights of type {w_type}"),
         );
     }
 }
@@ -1420,7 +1507,17 @@ fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
         let factors: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.1).collect();
         let use_factors = round == 5 || round == 1;
         let mut g = G::new();
-        let a = g.input(t, ne, &x);
+        // even rounds: src0 as a permuted view of a [32, 5, 3, 2] tensor (strided rows)
+        let a = if round % 2 == 0 {
+            let mut xp = vec![0.0f32; x.len()];
+            for i in all(ne) {
+                xp[at([ne[0], ne[2], ne[1], ne[3]], [i[0], i[2], i[1], i[3]])] = x[at(ne, i)];
+            }
+            let base = g.input(t, [ne[0], ne[2], ne[1], ne[3]], &xp);
+            g.permute(base, [0, 2, 1, 3])
+        } else {
+            g.input(t, ne, &x)
+        };
         let p = g.ids(ty::I32, [5, 1, 1, 1], &pos);
         let ff = if use_factors {
             g.input(ty::F32, [n_dims / 2, 1, 1, 1], &factors)
@@ -1542,6 +1639,38 @@ fn soft_max_with_mask_broadcast_alibi_and_sinks() {
     }
 }
 
+#[test]
+fn soft_max_may_write_over_its_mask() {
+    // ggml's allocator may give SOFT_MAX the mask's bytes when they have its layout
+    let x: Vec<f32> = (0..24).map(|i| (i % 7) as f32 * 0.3).collect();
+    let m: Vec<f32> = (0..24)
+        .map(|i| {
+            if i % 5 == 0 {
+                f32::NEG_INFINITY
+            } else {
+                i as f32 * 0.01
+            }
+        })
+        .collect();
+    let mut g = G::new();
+    let a = g.input(ty::F32, [6, 4, 1, 1], &x);
+    let mt = g.input(ty::F32, [6, 4, 1, 1], &m);
+    let sm = g.node_into(Op::SOFT_MAX, mt, &[a, mt], &[f(0.5), f(0.0)]);
+    let out = g.run(2).unwrap();
+    let mut want = Vec::new();
+    for (xr, mr) in x.chunks(6).zip(m.chunks(6)) {
+        let w: Vec<f64> = xr
+            .iter()
+            .zip(mr)
+            .map(|(&x, &m)| f64::from(x) * 0.5 + f64::from(m))
+            .collect();
+        let max = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = w.iter().map(|v| (v - max).exp()).sum();
+        want.extend(w.iter().map(|v| (v - max).exp() / sum));
+    }
+    assert_close(&g.read(&out, sm), &want, 1e-12, "soft_max over its mask");
+}
+
 #[allow(clippy::too_many_arguments)]
 fn attention_reference(
     q: &[f32],
@@ -1654,9 +1783,47 @@ fn flash_attn_ext_with_gqa_mask_softcap_alibi_and_sinks() {
         };
         let with_sinks = round >= 3;
         let mut g = G::new();
-        let qt = g.input(ty::F32, qne, &q);
-        let kt = g.input(kv_type, kne, &k);
-        let vt = g.input(kv_type, vne, &v);
+        // odd rounds read Q as llama.cpp passes it (a permuted [dk, n_head, n_q] tensor) and
+        // K/V as views of a larger cache (row stride of two rows)
+        let (qt, kt, vt) = if round % 2 == 1 {
+            let mut qp = vec![0.0f32; q.len()];
+            for h in 0..n_head {
+                for iq in 0..n_q {
+                    for j in 0..dk {
+                        qp[j + dk * (h + n_head * iq)] = q[at(qne, [j, iq, h, 0])];
+                    }
+                }
+            }
+            let base = g.input(ty::F32, [dk, n_head, n_q, 1], &qp);
+            let qt = g.permute(base, [0, 2, 1, 3]);
+            let cache = |g: &mut G, t: u32, ne: [usize; 4], values: &[f32]| {
+                let mut wide = vec![0.0f32; 2 * values.len()];
+                for (r, row) in values.chunks(ne[0]).enumerate() {
+                    wide[2 * r * ne[0]..(2 * r + 1) * ne[0]].copy_from_slice(row);
+                }
+                let big = g.input(t, [ne[0], 2 * ne[1], ne[2], 1], &wide);
+                let es = type_size(t).1;
+                g.view(
+                    big,
+                    ne,
+                    [
+                        es,
+                        2 * ne[0] * es,
+                        2 * ne[0] * ne[1] * es,
+                        2 * ne[0] * ne[1] * ne[2] * es,
+                    ],
+                    0,
+                )
+            };
+            let kt = cache(&mut g, kv_type, kne, &k);
+            let vt = cache(&mut g, kv_type, vne, &v);
+            (qt, kt, vt)
+        } else {
+            let qt = g.input(ty::F32, qne, &q);
+            let kt = g.input(kv_type, kne, &k);
+            let vt = g.input(kv_type, vne, &v);
+            (qt, kt, vt)
+        };
         let mt = g.input(ty::F16, mne, &mask);
         let st = if with_sinks {
             g.input(ty::F32, [n_head, 1, 1, 1], &sinks)
@@ -2111,7 +2278,7 @@ fn mixed_graph(rng: &mut Rng) -> G {
         }
     }
     let mt = g.input(ty::F16, [n, n, 1, 1], &mask);
-    // GQA with 4 query heads over... 3 kv heads does not divide: use the first 2 kv heads
+    // grouped-query attention: 4 query heads over the first 2 of the 3 cached K/V heads
     let kv2 = g.view(
         kc,
         [k / heads, n, 2, 1],
@@ -2151,11 +2318,27 @@ fn thread_count_does_not_change_a_single_byte() {
     let mut rng = Rng::new(19);
     let g = mixed_graph(&mut rng);
     let one = g.run(1).unwrap();
+    let graph = g.graph();
+    let at = TensorLocation {
+        buffer: g.buffer,
+        offset: 0,
+    };
     for threads in [2, 3, 4, 7, 16] {
         assert!(
             g.run(threads).unwrap() == one,
             "{threads} threads differ from one"
         );
+        // every node split into as many parts as it has rows
+        g.run(1).unwrap();
+        g.pool
+            .with_region_mut(at, g.image.len() as u64, |b| b.copy_from_slice(&g.image))
+            .unwrap();
+        super::run(&g.pool, &super::Pool::eager(threads), &graph).unwrap();
+        let eager = g
+            .pool
+            .with_region(at, g.image.len() as u64, <[u8]>::to_vec)
+            .unwrap();
+        assert!(eager == one, "{threads} eager threads differ from one");
     }
 }
 
@@ -2220,8 +2403,10 @@ fn perf_smoke() {
         g.node(Op::MUL_MAT, ty::F32, [m, n, 1, 1], &[wt, xt], &[]);
         g.run(threads).unwrap();
         let graph = g.graph();
+        let workers = super::Pool::new(threads);
+        super::run(&g.pool, &workers, &graph).unwrap();
         let start = std::time::Instant::now();
-        super::run(&g.pool, threads, &graph).unwrap();
+        super::run(&g.pool, &workers, &graph).unwrap();
         let s = start.elapsed().as_secs_f64();
         println!(
             "mul_mat type {w_type:2} {k}x{m} n={n:3}: {:8.2} ms, {:6.2} GFLOP/s ({threads} threads)",
@@ -2232,15 +2417,70 @@ fn perf_smoke() {
     for (n_q, n_kv) in [(1, 4096), (128, 512)] {
         let (d, heads, kv_heads) = (128, 32, 8);
         let mut g = G::new();
-        let q = g.input(ty::F32, [d, n_q, heads, 1], &rng.values(d * n_q * heads, 1.0));
-        let k = g.input(ty::F16, [d, n_kv, kv_heads, 1], &rng.values(d * n_kv * kv_heads, 1.0));
-        let v = g.input(ty::F16, [d, n_kv, kv_heads, 1], &rng.values(d * n_kv * kv_heads, 1.0));
+        let q = g.input(
+            ty::F32,
+            [d, n_q, heads, 1],
+            &rng.values(d * n_q * heads, 1.0),
+        );
+        let k = g.input(
+            ty::F16,
+            [d, n_kv, kv_heads, 1],
+            &rng.values(d * n_kv * kv_heads, 1.0),
+        );
+        let v = g.input(
+            ty::F16,
+            [d, n_kv, kv_heads, 1],
+            &rng.values(d * n_kv * kv_heads, 1.0),
+        );
         let m = g.input(ty::F16, [n_kv, n_q, 1, 1], &vec![0.0; n_kv * n_q]);
-        g.node(Op::FLASH_ATTN_EXT, ty::F32, [d, heads, n_q, 1], &[q, k, v, m], &[f(0.1), 0, 0, 0]);
+        g.node(
+            Op::FLASH_ATTN_EXT,
+            ty::F32,
+            [d, heads, n_q, 1],
+            &[q, k, v, m],
+            &[f(0.1), 0, 0, 0],
+        );
         g.run(threads).unwrap();
         let graph = g.graph();
+        let workers = super::Pool::new(threads);
+        super::run(&g.pool, &workers, &graph).unwrap();
         let start = std::time::Instant::now();
-        super::run(&g.pool, threads, &graph).unwrap();
-        println!("flash_attn n_q={n_q} n_kv={n_kv}: {:8.2} ms", start.elapsed().as_secs_f64() * 1e3);
+        super::run(&g.pool, &workers, &graph).unwrap();
+        println!(
+            "flash_attn n_q={n_q} n_kv={n_kv}: {:8.2} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+    }
+}
+
+/// Per-node overhead of spreading work over threads (`cargo test --release -- --ignored
+/// overhead --nocapture`).
+#[test]
+#[ignore]
+fn perf_node_overhead() {
+    let mut rng = Rng::new(23);
+    let mut g = G::new();
+    let x = g.input(ty::F32, [4096, 16, 1, 1], &rng.values(4096 * 16, 1.0));
+    let mut h = x;
+    for _ in 0..300 {
+        h = g.node(
+            Op::SCALE,
+            ty::F32,
+            [4096, 16, 1, 1],
+            &[h],
+            &[f(1.0), f(0.0)],
+        );
+    }
+    let graph = g.graph();
+    for threads in [1, 2, 4, 8] {
+        g.run(threads).unwrap();
+        let workers = super::Pool::new(threads);
+        super::run(&g.pool, &workers, &graph).unwrap();
+        let start = std::time::Instant::now();
+        super::run(&g.pool, &workers, &graph).unwrap();
+        println!(
+            "300 nodes of 64 Ki elements, {threads} threads: {:.2} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
     }
 }

@@ -149,20 +149,23 @@ fn to_index(position: usize) -> Result<TensorIndex> {
 fn resolve_links(tensors: &mut [GraphTensor], ids: &HashMap<u64, TensorIndex>) -> Result<()> {
     for tensor in tensors.iter_mut() {
         let owner = tensor.record.id;
-        let lookup = |field: &str, id: u64| -> Result<Option<TensorIndex>> {
+        // The field name is only formatted on the error path: this loop runs for every link
+        // of every tensor.
+        let lookup = |field: &dyn Fn() -> String, id: u64| -> Result<Option<TensorIndex>> {
             if id == 0 {
                 return Ok(None);
             }
             ids.get(&id).copied().map(Some).ok_or_else(|| {
                 invalid(format!(
-                    "tensor {owner:#x}: {field} = {id:#x} is not among the tensors"
+                    "tensor {owner:#x}: {} = {id:#x} is not among the tensors",
+                    field()
                 ))
             })
         };
         for (i, &id) in tensor.record.src.iter().enumerate() {
-            tensor.src[i] = lookup(&format!("src[{i}]"), id)?;
+            tensor.src[i] = lookup(&|| format!("src[{i}]"), id)?;
         }
-        tensor.view_src = lookup("view_src", tensor.record.view_src)?;
+        tensor.view_src = lookup(&|| "view_src".to_string(), tensor.record.view_src)?;
     }
     Ok(())
 }

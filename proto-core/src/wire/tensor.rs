@@ -216,14 +216,14 @@ impl RpcTensor {
         if self.ne.contains(&0) {
             return Ok(0);
         }
-        let overflow = Error::SizeOverflow("byte size");
+        let overflow = || Error::SizeOverflow("byte size");
         let block = u64::from(info.block_size);
         let (first, start_dim) = if block == 1 {
             (u64::from(info.type_size), 0)
         } else {
             let row = u64::from(self.ne[0])
                 .checked_mul(u64::from(self.nb[0]))
-                .ok_or(overflow.clone())?
+                .ok_or_else(overflow)?
                 / block;
             (row, 1)
         };
@@ -231,7 +231,7 @@ impl RpcTensor {
             u64::from(self.ne[dim] - 1)
                 .checked_mul(u64::from(self.nb[dim]))
                 .and_then(|extent| acc.checked_add(extent))
-                .ok_or(overflow.clone())
+                .ok_or_else(overflow)
         })
     }
 }

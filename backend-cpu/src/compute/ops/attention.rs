@@ -74,8 +74,14 @@ pub(super) fn flash_attn(
     let widen = uses >= 8 && (k.layout.elements() + v.layout.elements()) <= WIDEN_LIMIT;
     let (k, v) = if widen {
         (
-            KvRows::Widened { values: widen_all(node, &k)?, view: k },
-            KvRows::Widened { values: widen_all(node, &v)?, view: v },
+            KvRows::Widened {
+                values: widen_all(node, &k)?,
+                view: k,
+            },
+            KvRows::Widened {
+                values: widen_all(node, &v)?,
+                view: v,
+            },
         )
     } else {
         (KvRows::Direct(k), KvRows::Direct(v))

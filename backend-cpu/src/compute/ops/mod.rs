@@ -4,11 +4,11 @@
 //! |---|---|
 //! | `copy.rs` | DUP, CPY, CONT (type conversion, quantization, dequantization), CONCAT, REPEAT |
 //! | `rows.rs` | GET_ROWS, SET_ROWS |
-//! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, and the element-wise maps |
+//! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, ADD_ID, the element-wise maps |
 //! | `unary.rs` | the maps' math: UNARY sub-ops, SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU |
 //! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK) |
-//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX |
-//! | `norm.rs` | NORM, RMS_NORM |
+//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K |
+//! | `norm.rs` | NORM, RMS_NORM, L2_NORM |
 //! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
 //! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
 //! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
@@ -75,6 +75,10 @@ pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result
         Kernel::ArgMax => reduce::argmax(&node, dst),
         Kernel::Norm { eps } => norm::norm(&node, dst, eps),
         Kernel::RmsNorm { eps } => norm::rms_norm(&node, dst, eps),
+        Kernel::L2Norm { eps } => norm::l2_norm(&node, dst, eps),
+        Kernel::AddId => elementwise::add_id(&node, dst),
+        Kernel::ArgSort { descending } => reduce::argsort(&node, dst, descending),
+        Kernel::TopK => reduce::top_k(&node, dst),
         Kernel::MulMat => mul_mat::mul_mat(&node, dst),
         Kernel::MulMatId => mul_mat::mul_mat_id(&node, dst),
         Kernel::Rope(params) => rope::rope(&node, dst, params),
@@ -229,11 +233,26 @@ pub(super) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
     }
 }
 
-/// Dot product in f32 with sixteen independent partial sums (the compiler vectorizes it), the
-/// partial sums added pairwise: deterministic for given inputs.
+/// Partial sums per dot product: eight f32 lanes (two SSE registers, one AVX register).
+pub(super) const LANES: usize = 8;
+
+/// Adds the lanes pairwise (a fixed order, so results are reproducible).
+#[inline]
+pub(super) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
+/// Dot product in f32 with [`LANES`] independent partial sums (the compiler vectorizes it),
+/// added pairwise, then the tail: deterministic for given inputs.
 #[inline]
 pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; LANES];
@@ -249,12 +268,5 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0] + tail
+    reduce_lanes(acc) + tail
 }

@@ -4,17 +4,17 @@
 //! `r2 = ne12 / ne02`, `r3 = ne13 / ne03` (ggml's broadcasting of the weights over dims 2, 3).
 //!
 //! As ggml-cpu does (`ggml_compute_forward_mul_mat`), the activations are first converted to
-//! the weights' `vec_dot_type`, once per node:
-//! * F32 weights: used as they are; F16 / BF16 weights: each activation rounded to F16 / BF16
-//!   (ggml's `from_float`), so the products are the ones ggml forms; the dot products then run
-//!   in f32 on the weights widened to f32 (exact);
-//! * quantized weights: activation rows quantized with `quant::quantize_row` into
-//!   `quant::vec_dot_type(w)` (Q8_0, Q8_1, Q8_K...), and `quant::vec_dot` does the dot product.
+//! the weights' `vec_dot_type` once per node (`quant::quantize_row`: F32 stays F32, F16 / BF16
+//! round to F16 / BF16, quantized weights take Q8_0, Q8_1 or Q8_K), and every output element is
+//! one `quant::vec_dot` of a weight row with a converted activation row over the whole `k` —
+//! the products ggml forms, summed in f32. Float weights whose rows are strided (a transposed
+//! view) cannot be read as packed rows; they are widened to f32 per tile and take the f32
+//! [`dot`] with the activations rounded to the weights' precision instead.
 //!
 //! Work is split into tiles of destination rows (activation rows) by destination columns
-//! (weight rows); float weight rows are widened to f32 once per tile. Every output element is
-//! one dot product over the whole `k`, whatever the tiling, so the result does not depend on
-//! the thread count.
+//! (weight rows, about 128 KiB of them per tile, so they stay in cache while the activation
+//! rows pass). The tiling never splits a dot product, so the result does not depend on the
+//! thread count.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -29,7 +29,7 @@ use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
 use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
 
-use super::{dot, Node};
+use super::{dot, reduce_lanes, widen_all, Node, LANES};
 
 /// Bytes of widened weights a tile aims for (fits in L2 next to the activations).
 const TILE_WEIGHT_BYTES: usize = 128 << 10;
@@ -39,73 +39,74 @@ const TILE_ROWS: usize = 64;
 
 /// The activations, converted once per node.
 enum Prepared {
-    /// f32 values (rounded through F16/BF16 for such weights), `k` per row.
+    /// f32 values (rounded through F16/BF16 for such weights), `k` per row: for weights that
+    /// are widened to f32 per tile.
     Float(Vec<f32>),
-    /// Rows in the weights' `vec_dot_type`, `stride` bytes each.
-    Quant { stride: usize, bytes: Vec<u8> },
+    /// Rows in the weights' `vec_dot_type`, `stride` bytes each: for `quant::vec_dot` on the
+    /// weights' own bytes (quantized weights, and float weights with few activation rows).
+    Bytes { stride: usize, bytes: Vec<u8> },
 }
 
 impl Prepared {
-    /// Converts every row of `x` (in the order of `x.layout.row_index`).
-    fn new(node: &Node<'_>, weight_type: u32, x: &SrcView<'_>) -> Result<Prepared> {
+    /// Converts every row of `x` (in the order of `x.layout.row_index`), for `widen`ed float
+    /// weights of type `weight_type` or for `quant::vec_dot` with them.
+    fn new(node: &Node<'_>, weight_type: u32, widen: bool, x: &SrcView<'_>) -> Result<Prepared> {
         let k = x.layout.ne[0];
         let rows = x.layout.rows();
         let chunk = node.pool.chunk(rows, k * 4);
-        match Scalar::float(weight_type) {
-            Some(scalar) => {
-                let mut values = vec![0.0f32; rows * k];
-                let items: Vec<(usize, &mut [f32])> = values
-                    .chunks_mut(chunk * k)
-                    .enumerate()
-                    .map(|(i, c)| (i * chunk, c))
-                    .collect();
-                node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
-                    for (n, row) in out.chunks_mut(k).enumerate() {
-                        x.load_f32(x.layout.row_index(first + n), row)?;
-                        match scalar {
-                            Scalar::F16 => row.iter_mut().for_each(|v| *v = round_f16(*v)),
-                            Scalar::Bf16 => row.iter_mut().for_each(|v| *v = round_bf16(*v)),
-                            Scalar::F32 | Scalar::I32 => {}
-                        }
-                    }
-                    Ok(())
-                })?;
-                Ok(Prepared::Float(values))
+        if widen {
+            let mut values = widen_all(node, x)?;
+            match Scalar::float(weight_type) {
+                Some(Scalar::F16) => values.iter_mut().for_each(|v| *v = round_f16(*v)),
+                Some(Scalar::Bf16) => values.iter_mut().for_each(|v| *v = round_bf16(*v)),
+                _ => {}
             }
-            None => {
-                let vdt = quant::vec_dot_type(weight_type)
-                    .ok_or_else(|| internal("quantized weights without a vec_dot_type"))?;
-                let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
-                let stride = k / info.block_size as usize * info.type_size as usize;
-                let mut bytes = vec![0u8; rows * stride];
-                let items: Vec<(usize, &mut [u8])> = bytes
-                    .chunks_mut((chunk * stride).max(1))
-                    .enumerate()
-                    .map(|(i, c)| (i * chunk, c))
-                    .collect();
-                node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
-                    let mut row = vec![0.0f32; k];
-                    for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
-                        x.load_f32(x.layout.row_index(first + n), &mut row)?;
-                        quant::quantize_row(vdt, &row, dst)?;
-                    }
-                    Ok(())
-                })?;
-                Ok(Prepared::Quant { stride, bytes })
-            }
+            return Ok(Prepared::Float(values));
         }
+        let vdt = quant::vec_dot_type(weight_type)
+            .ok_or_else(|| internal("weights without a vec_dot_type"))?;
+        let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
+        let stride = k / info.block_size as usize * info.type_size as usize;
+        let mut bytes = vec![0u8; rows * stride];
+        let items: Vec<(usize, &mut [u8])> = bytes
+            .chunks_mut((chunk * stride).max(1))
+            .enumerate()
+            .map(|(i, c)| (i * chunk, c))
+            .collect();
+        node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
+            let mut row = vec![0.0f32; k];
+            for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
+                x.load_f32(x.layout.row_index(first + n), &mut row)?;
+                quant::quantize_row(vdt, &row, dst)?;
+            }
+            Ok(())
+        })?;
+        Ok(Prepared::Bytes { stride, bytes })
     }
 }
 
 /// The weights as a kernel reads them.
 struct Weights<'a> {
     view: SrcView<'a>,
-    /// `Some` for float weights (widened per tile), `None` for quantized ones.
-    scalar: Option<Scalar>,
+    /// Whether weight rows are widened to f32 per tile (float weights with enough activation
+    /// rows), rather than read by `quant::vec_dot` in place.
+    widen: bool,
     k: usize,
 }
 
-impl Weights<'_> {
+impl<'a> Weights<'a> {
+    /// How the weights of `view` are read. `quant::vec_dot` works on the weights' own packed
+    /// bytes (in code compiled for AVX2 where the CPU has it, and so faster than widening to
+    /// f32 here, measured); only float weights with strided rows are widened.
+    fn new(view: SrcView<'a>) -> Weights<'a> {
+        let float = Scalar::float(view.layout.type_id).is_some();
+        Weights {
+            view,
+            widen: float && !view.layout.dense_rows(),
+            k: view.layout.ne[0],
+        }
+    }
+
     /// Widens weight rows `cols` of matrix `(i2, i3)` into `tile`, `k` values per row.
     fn widen(
         &self,
@@ -135,11 +136,20 @@ impl Weights<'_> {
         match prepared {
             Prepared::Float(values) => {
                 let y = &values[row * k..(row + 1) * k];
-                for (o, w) in out.iter_mut().zip(tile.chunks(k)) {
+                let mut quads = out.chunks_exact_mut(4);
+                let mut rows = tile.chunks_exact(4 * k);
+                for (o, w) in (&mut quads).zip(&mut rows) {
+                    o.copy_from_slice(&dot4(w, y));
+                }
+                for (o, w) in quads
+                    .into_remainder()
+                    .iter_mut()
+                    .zip(rows.remainder().chunks(k))
+                {
                     *o = dot(w, y);
                 }
             }
-            Prepared::Quant { stride, bytes } => {
+            Prepared::Bytes { stride, bytes } => {
                 let y = &bytes[row * stride..(row + 1) * stride];
                 for (o, c) in out.iter_mut().zip(cols) {
                     *o =
@@ -149,6 +159,39 @@ impl Weights<'_> {
         }
         Ok(())
     }
+}
+
+/// Four dot products of consecutive `k`-rows of `w` with `y`, sharing the loads of `y` (the
+/// compiler vectorizes the inner loop). Each result is summed exactly as [`dot`] sums, so
+/// the grouping does not change any value.
+fn dot4(w: &[f32], y: &[f32]) -> [f32; 4] {
+    let k = y.len();
+    let (w0, rest) = w.split_at(k);
+    let (w1, rest) = rest.split_at(k);
+    let (w2, w3) = rest.split_at(k);
+    let w3 = &w3[..k];
+    let mut acc = [[0.0f32; LANES]; 4];
+    let chunks = y
+        .chunks_exact(LANES)
+        .zip(w0.chunks_exact(LANES))
+        .zip(w1.chunks_exact(LANES))
+        .zip(w2.chunks_exact(LANES))
+        .zip(w3.chunks_exact(LANES));
+    for ((((yc, c0), c1), c2), c3) in chunks {
+        for i in 0..LANES {
+            acc[0][i] += c0[i] * yc[i];
+            acc[1][i] += c1[i] * yc[i];
+            acc[2][i] += c2[i] * yc[i];
+            acc[3][i] += c3[i] * yc[i];
+        }
+    }
+    let full = k / LANES * LANES;
+    let mut out = [0.0f32; 4];
+    for ((o, a), r) in out.iter_mut().zip(&acc).zip([w0, w1, w2, w3]) {
+        let tail: f32 = r[full..].iter().zip(&y[full..]).map(|(x, y)| x * y).sum();
+        *o = reduce_lanes(*a) + tail;
+    }
+    out
 }
 
 /// Per-thread buffers of the tile loops.
@@ -171,13 +214,15 @@ impl Scratch {
     }
 }
 
-/// Weight rows per tile.
-fn col_chunk(k: usize, float: bool) -> usize {
-    if float {
-        (TILE_WEIGHT_BYTES / (4 * k.max(1))).clamp(4, 64)
+/// Weight rows per tile: about [`TILE_WEIGHT_BYTES`] of weights (widened to f32, or as
+/// stored), so a tile stays in L2 while its activation rows pass over it.
+fn col_chunk(weights: &Weights<'_>) -> usize {
+    let row = if weights.widen {
+        4 * weights.k
     } else {
-        64
-    }
+        weights.view.layout.row_bytes()
+    };
+    (TILE_WEIGHT_BYTES / row.max(1)).clamp(4, 64)
 }
 
 /// Writes zeros everywhere (a product over an empty `k`).
@@ -203,36 +248,40 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     if k == 0 {
         return zeros(node, dst);
     }
-    let weights = Weights {
-        view: w,
-        scalar: Scalar::float(w.layout.type_id),
-        k,
-    };
-    let prepared = Prepared::new(node, w.layout.type_id, &x)?;
+    let weights = Weights::new(w);
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
     let (r2, r3) = (
         x.layout.ne[2] / w.layout.ne[2],
         x.layout.ne[3] / w.layout.ne[3],
     );
-    let cols = col_chunk(k, weights.scalar.is_some());
+    let cols = col_chunk(&weights);
     let parts = dst.split_grid(TILE_ROWS, cols);
-    node.pool.run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
-        let cols = part.cols();
-        scratch.size(cols.len(), if weights.scalar.is_some() { k } else { 0 });
-        let mut widened: Option<(usize, usize)> = None;
-        for r in part.rows() {
-            let [i1, i2, i3] = layout.row_index(r);
-            let matrix = (i2 / r2, i3 / r3);
-            if weights.scalar.is_some() && widened != Some(matrix) {
-                weights.widen(cols.clone(), matrix.0, matrix.1, &mut scratch.tile)?;
-                widened = Some(matrix);
+    node.pool
+        .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+            let cols = part.cols();
+            scratch.size(cols.len(), if weights.widen { k } else { 0 });
+            let mut widened: Option<(usize, usize)> = None;
+            for r in part.rows() {
+                let [i1, i2, i3] = layout.row_index(r);
+                let matrix = (i2 / r2, i3 / r3);
+                if weights.widen && widened != Some(matrix) {
+                    weights.widen(cols.clone(), matrix.0, matrix.1, &mut scratch.tile)?;
+                    widened = Some(matrix);
+                }
+                let row = x.layout.row_number([i1, i2, i3]);
+                weights.dots(
+                    &prepared,
+                    row,
+                    cols.clone(),
+                    matrix,
+                    &scratch.tile,
+                    &mut scratch.out,
+                )?;
+                encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
+                part.write(r, cols.start, &scratch.bytes)?;
             }
-            let row = x.layout.row_number([i1, i2, i3]);
-            weights.dots(&prepared, row, cols.clone(), matrix, &scratch.tile, &mut scratch.out)?;
-            encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
-            part.write(r, cols.start, &scratch.bytes)?;
-        }
-        Ok(())
-    })
+            Ok(())
+        })
 }
 
 pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
@@ -260,33 +309,37 @@ pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     if k == 0 {
         return zeros(node, dst);
     }
-    let weights = Weights {
-        view: w,
-        scalar: Scalar::float(w.layout.type_id),
-        k,
-    };
-    let prepared = Prepared::new(node, w.layout.type_id, &x)?;
+    let weights = Weights::new(w);
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
     let ne11 = x.layout.ne[1];
-    let cols = col_chunk(k, weights.scalar.is_some());
+    let cols = col_chunk(&weights);
     let parts = dst.split_grid(layout.rows(), cols);
-    node.pool.run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
-        let cols = part.cols();
-        let rows = part.rows();
-        scratch.size(cols.len(), if weights.scalar.is_some() { k } else { 0 });
-        for (expert, users) in by_expert.iter().enumerate() {
-            let mut widened = false;
-            for &r in users.iter().filter(|r| rows.contains(r)) {
-                if weights.scalar.is_some() && !widened {
-                    weights.widen(cols.clone(), expert, 0, &mut scratch.tile)?;
-                    widened = true;
+    node.pool
+        .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+            let cols = part.cols();
+            let rows = part.rows();
+            scratch.size(cols.len(), if weights.widen { k } else { 0 });
+            for (expert, users) in by_expert.iter().enumerate() {
+                let mut widened = false;
+                for &r in users.iter().filter(|r| rows.contains(r)) {
+                    if weights.widen && !widened {
+                        weights.widen(cols.clone(), expert, 0, &mut scratch.tile)?;
+                        widened = true;
+                    }
+                    let [slot, token, _] = layout.row_index(r);
+                    let row = x.layout.row_number([slot % ne11, token, 0]);
+                    weights.dots(
+                        &prepared,
+                        row,
+                        cols.clone(),
+                        (expert, 0),
+                        &scratch.tile,
+                        &mut scratch.out,
+                    )?;
+                    encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
+                    part.write(r, cols.start, &scratch.bytes)?;
                 }
-                let [slot, token, _] = layout.row_index(r);
-                let row = x.layout.row_number([slot % ne11, token, 0]);
-                weights.dots(&prepared, row, cols.clone(), (expert, 0), &scratch.tile, &mut scratch.out)?;
-                encode(Scalar::F32, &scratch.out, &mut scratch.bytes);
-                part.write(r, cols.start, &scratch.bytes)?;
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        })
 }

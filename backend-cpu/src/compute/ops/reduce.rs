@@ -1,8 +1,11 @@
-//! SUM_ROWS, MEAN, SUM and ARGMAX.
+//! SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT and TOP_K.
 //!
 //! Sums accumulate in f64 and round to f32 once, as ggml's `ggml_vec_sum_f32` (a `ggml_float`
 //! accumulator) does; MEAN then divides the f32 sum by `ne0` in f32. ARGMAX keeps ggml's tie
-//! rule: the last index holding the maximum (`ggml_vec_argmax_f32`).
+//! rule: the last index holding the maximum (`ggml_vec_argmax_f32`). ARGSORT sorts each row's
+//! indices by value (ties keep index order; ggml's `std::sort` leaves them unspecified), TOP_K
+//! takes the indices of the `k` largest and, as ggml does to stress that their order is
+//! unspecified, swaps the first two.
 
 use proto_core::Result;
 
@@ -80,4 +83,61 @@ pub(super) fn argmax(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         part.write(0, 0, &out)?;
     }
     Ok(())
+}
+
+/// The indices of row `x` ordered by value, largest first if `descending`.
+fn sorted_indices(x: &[f32], descending: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = if descending {
+            (x[b], x[a])
+        } else {
+            (x[a], x[b])
+        };
+        a.partial_cmp(&b).unwrap_or(std::cmp::Ordering::Equal)
+    });
+    order
+}
+
+/// Row by row: the first `ne0` of the row's sorted indices (after `fix`), as I32.
+fn index_rows(
+    node: &Node<'_>,
+    mut dst: Dst<'_>,
+    descending: bool,
+    fix: fn(&mut [usize]),
+) -> Result<()> {
+    let a = node.view(0)?;
+    let layout = *dst.layout();
+    let ne00 = a.layout.ne[0];
+    let k = layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), ne00 * 8);
+    let parts = dst.split_rows(chunk);
+    node.pool.run(parts, &|mut part: DstPart<'_>| {
+        let mut x = vec![0.0f32; ne00];
+        let mut bytes = Vec::with_capacity(k * 4);
+        for r in part.rows() {
+            a.load_f32(layout.row_index(r), &mut x)?;
+            let mut order = sorted_indices(&x, descending);
+            order.truncate(k);
+            fix(&mut order);
+            bytes.clear();
+            for i in order {
+                bytes.extend_from_slice(&i32::try_from(i).unwrap_or(i32::MAX).to_le_bytes());
+            }
+            part.write(r, 0, &bytes)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn argsort(node: &Node<'_>, dst: Dst<'_>, descending: bool) -> Result<()> {
+    index_rows(node, dst, descending, |_| {})
+}
+
+pub(super) fn top_k(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
+    index_rows(node, dst, true, |top| {
+        if top.len() > 1 {
+            top.swap(0, 1);
+        }
+    })
 }

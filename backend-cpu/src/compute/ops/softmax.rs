@@ -13,7 +13,9 @@ use super::{alibi_slope, c_max, map_rows, Node};
 
 pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32) -> Result<()> {
     let a = node.input(0)?;
-    let mask = node.optional_view(1)?;
+    // the mask may be the destination itself: ggml's allocator reuses a source of the same
+    // layout for SOFT_MAX's result, and that can be the mask
+    let mask = node.inputs.get(1).copied().flatten();
     let sinks = node.optional_view(2)?;
     let n_head = a.layout().ne[2];
     let ne0 = a.layout().ne[0];
@@ -22,13 +24,13 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
         dst,
         a,
         8,
-        || vec![0.0f32; ne0],
-        |mask_row, _, [i1, i2, i3], x, y| {
+        || (vec![0.0f32; ne0], Vec::new()),
+        |(mask_row, scratch), part, [i1, i2, i3], x, y| {
             let slope = alibi_slope(max_bias, n_head, i2);
             y.iter_mut().zip(x).for_each(|(w, &x)| *w = x * scale);
             if let Some(mask) = &mask {
-                let ml = &mask.layout;
-                mask.load_f32([i1, i2 % ml.ne[2], i3 % ml.ne[3]], mask_row)?;
+                let ml = mask.layout();
+                mask.load_f32(part, [i1, i2 % ml.ne[2], i3 % ml.ne[3]], mask_row, scratch)?;
                 y.iter_mut()
                     .zip(mask_row.iter())
                     .for_each(|(w, &m)| *w += slope * m);

@@ -1,0 +1,358 @@
+//! Benchmark of every shell of `ggml-rpc-server` against the reference llama.cpp server, in one
+//! run (a measurement, not a timed test):
+//!
+//! ```sh
+//! cargo bench -p ggml-rpc-server --bench shells
+//! ```
+//!
+//! Each server runs as a child process (ours: the release-built `ggml-rpc-server --shell NAME`;
+//! the reference: `$GGML_RPC_REFERENCE_SERVER`, default
+//! `/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server`, protocol 7) on a loopback port, and the
+//! client is this process (the tokio client, which speaks 7 and 8). Measured per server:
+//!
+//! * SET and GET of one 256 MiB tensor (GB/s, best of a few runs);
+//! * small-command round trips per second (GET_ALIGNMENT, one client);
+//! * 16 concurrent clients each doing a 64 MiB SET then GET (aggregate GB/s of both directions);
+//! * 16 concurrent clients' small-command rate (aggregate round trips per second);
+//! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR.
+//!
+//! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
+//! Knobs: `BENCH_SHELLS` (comma-separated, default: all of this build), `BENCH_SECONDS` (length
+//! of each rate measurement, default 2), `BENCH_REPEAT` (runs of each 256 MiB transfer, default
+//! 3), `BENCH_SKIP_REFERENCE=1`.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proto_core::wire::RpcTensor;
+use shell_tokio::Client;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_ggml-rpc-server");
+const DEFAULT_REFERENCE: &str = "/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server";
+const MIB: usize = 1 << 20;
+const BIG: usize = 256 * MIB;
+const CLIENTS: usize = 16;
+const PER_CLIENT: usize = 64 * MIB;
+const HUGE: usize = 1024 * MIB;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Default, Clone)]
+struct Row {
+    name: String,
+    set_gbps: f64,
+    get_gbps: f64,
+    rtt_per_s: f64,
+    multi_gbps: f64,
+    multi_rtt_per_s: f64,
+    peak_rss_mib: f64,
+}
+
+fn main() {
+    let seconds: f64 = env_or("BENCH_SECONDS", 2.0);
+    let repeat: usize = env_or("BENCH_REPEAT", 3);
+    let shells: Vec<String> = std::env::var("BENCH_SHELLS")
+        .unwrap_or_else(|_| "tokio,uring,smol".into())
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let reference = std::env::var("GGML_RPC_REFERENCE_SERVER")
+        .unwrap_or_else(|_| DEFAULT_REFERENCE.to_owned());
+    let skip_reference = std::env::var("BENCH_SKIP_REFERENCE").is_ok_and(|v| v == "1");
+
+    let mut targets: Vec<(String, Vec<String>, String)> = Vec::new();
+    if !skip_reference && std::path::Path::new(&reference).exists() {
+        targets.push(("reference".into(), Vec::new(), reference.clone()));
+    } else if !skip_reference {
+        eprintln!("reference server {reference} not found; measuring ours only");
+    }
+    for shell in &shells {
+        targets.push((
+            shell.clone(),
+            vec!["--shell".into(), shell.clone(), "-t".into(), "1".into()],
+            SERVER.to_owned(),
+        ));
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let big = fill(BIG, 3);
+    let per_client = fill(PER_CLIENT, 7);
+    let huge = fill(HUGE, 11);
+
+    let mut rows = Vec::new();
+    for (name, args, program) in &targets {
+        eprintln!("== {name}");
+        let mut row = Row {
+            name: name.clone(),
+            ..Row::default()
+        };
+        match runtime.block_on(measure(
+            program, args, &mut row, &big, &per_client, &huge, seconds, repeat,
+        )) {
+            Ok(()) => {}
+            Err(error) => eprintln!("{name}: measurement failed: {error}"),
+        }
+        eprintln!("{row:?}");
+        rows.push(row);
+    }
+    print_table(&rows);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    program: &str,
+    args: &[String],
+    row: &mut Row,
+    big: &Bytes,
+    per_client: &Bytes,
+    huge: &Bytes,
+    seconds: f64,
+    repeat: usize,
+) -> Result<(), BoxError> {
+    // Throughput and rates on one server process.
+    {
+        let server = ServerProcess::start(program, args)?;
+        let addr = server.addr;
+        let (set, get) = big_transfer(addr, big, repeat).await?;
+        row.set_gbps = set;
+        row.get_gbps = get;
+        eprintln!("  256 MiB SET {set:.2} GB/s, GET {get:.2} GB/s");
+        row.rtt_per_s = small_commands(addr, 1, seconds).await?;
+        eprintln!("  GET_ALIGNMENT, 1 client: {:.0}/s", row.rtt_per_s);
+        row.multi_gbps = many_transfers(addr, per_client).await?;
+        eprintln!("  16 x 64 MiB SET+GET: {:.2} GB/s", row.multi_gbps);
+        row.multi_rtt_per_s = small_commands(addr, CLIENTS, seconds).await?;
+        eprintln!("  GET_ALIGNMENT, 16 clients: {:.0}/s", row.multi_rtt_per_s);
+    }
+    // Peak RSS on a fresh process.
+    {
+        let server = ServerProcess::start(program, args)?;
+        let mut client = Client::connect_auto(server.addr).await?;
+        let tensor = tensor_in(&mut client, HUGE).await?;
+        client.set_tensor(&tensor, 0, huge.clone()).await?;
+        client.alignment(0).await?;
+        row.peak_rss_mib = server.peak_rss_mib()?;
+        eprintln!("  peak RSS with a 1 GiB tensor: {:.0} MiB", row.peak_rss_mib);
+    }
+    Ok(())
+}
+
+/// SET then GET of one tensor of `data.len()` bytes, `repeat` times; the best GB/s of each.
+async fn big_transfer(addr: SocketAddr, data: &Bytes, repeat: usize) -> Result<(f64, f64), BoxError> {
+    let mut client = Client::connect_auto(addr).await?;
+    let tensor = tensor_in(&mut client, data.len()).await?;
+    let (mut set, mut get) = (0f64, 0f64);
+    for _ in 0..repeat.max(1) {
+        let start = Instant::now();
+        client.set_tensor(&tensor, 0, data.clone()).await?;
+        // SET_TENSOR has no reply: a round trip makes sure the server has the data.
+        client.alignment(0).await?;
+        set = set.max(gbps(data.len(), start.elapsed()));
+        let start = Instant::now();
+        let got = client.get_tensor(&tensor, 0, data.len() as u64).await?;
+        get = get.max(gbps(data.len(), start.elapsed()));
+        if got.len() != data.len() || got[..4096] != data[..4096] {
+            return Err("GET returned other data".into());
+        }
+    }
+    Ok((set, get))
+}
+
+/// `clients` clients, each connecting and sending GET_ALIGNMENT for `seconds`; aggregate
+/// round trips per second.
+async fn small_commands(addr: SocketAddr, clients: usize, seconds: f64) -> Result<f64, BoxError> {
+    let duration = Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    for _ in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect_auto(addr).await?;
+            let begin = Instant::now();
+            let mut done = 0u64;
+            while begin.elapsed() < duration {
+                for _ in 0..64 {
+                    client.alignment(0).await?;
+                }
+                done += 64;
+            }
+            Ok::<u64, BoxError>(done)
+        }));
+    }
+    let mut total = 0u64;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// 16 clients at once, each SET then GET of its own 64 MiB tensor; aggregate GB/s over both
+/// directions.
+async fn many_transfers(addr: SocketAddr, data: &Bytes) -> Result<f64, BoxError> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let data = data.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect_auto(addr).await?;
+            let tensor = tensor_in(&mut client, data.len()).await?;
+            client.set_tensor(&tensor, 0, data.clone()).await?;
+            let got = client.get_tensor(&tensor, 0, data.len() as u64).await?;
+            if got.len() != data.len() || got[..4096] != data[..4096] {
+                return Err::<(), BoxError>("GET returned other data".into());
+            }
+            Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(gbps(2 * CLIENTS * data.len(), start.elapsed()))
+}
+
+/// Allocates a buffer of `len` bytes and returns an i8 tensor covering it.
+async fn tensor_in(client: &mut Client, len: usize) -> Result<RpcTensor, BoxError> {
+    let buffer = client
+        .alloc_buffer(0, len as u64)
+        .await?
+        .ok_or("the server could not allocate the buffer")?;
+    let base = client.buffer_base(buffer.handle).await?;
+    let mut tensor = RpcTensor::contiguous(1, 24, [u32::try_from(len)?, 1, 1, 1])
+        .ok_or("tensor shape")?;
+    tensor.buffer = buffer.handle;
+    tensor.data = base;
+    Ok(tensor)
+}
+
+fn gbps(bytes: usize, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64() / 1e9
+}
+
+fn fill(len: usize, seed: u8) -> Bytes {
+    let mut data = vec![0u8; len];
+    for (i, chunk) in data.chunks_mut(4096).enumerate() {
+        chunk.fill(seed.wrapping_add(i as u8));
+    }
+    data.into()
+}
+
+/// A server child process on a free loopback port, stopped (SIGTERM, then kill) on drop.
+struct ServerProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start(program: &str, args: &[String]) -> Result<ServerProcess, BoxError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(program)
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let server = ServerProcess {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        // The reference's banner sits in its stdout buffer (a pipe), so readiness is a
+        // successful connect rather than the banner.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(server.addr).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("{program} did not start").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+
+    /// VmHWM of the process, in MiB.
+    fn peak_rss_mib(&self) -> Result<f64, BoxError> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let line = status
+            .lines()
+            .find(|line| line.starts_with("VmHWM:"))
+            .ok_or("no VmHWM")?;
+        let kib: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .ok_or("bad VmHWM")?
+            .parse()?;
+        Ok(kib / 1024.0)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn print_table(rows: &[Row]) {
+    let reference = rows.iter().find(|r| r.name == "reference").cloned();
+    let tokio = rows.iter().find(|r| r.name == "tokio").cloned();
+    let ratio = |value: f64, base: Option<f64>| match base {
+        Some(base) if base > 0.0 && value > 0.0 => format!("{:.2}x", value / base),
+        _ => "-".to_owned(),
+    };
+    type Metric = (&'static str, fn(&Row) -> f64, &'static str);
+    let metrics: [Metric; 6] = [
+        ("SET 256 MiB", |r| r.set_gbps, "GB/s"),
+        ("GET 256 MiB", |r| r.get_gbps, "GB/s"),
+        ("GET_ALIGNMENT, 1 client", |r| r.rtt_per_s, "/s"),
+        ("16 clients x 64 MiB SET+GET", |r| r.multi_gbps, "GB/s"),
+        ("GET_ALIGNMENT, 16 clients", |r| r.multi_rtt_per_s, "/s"),
+        ("peak RSS, 1 GiB SET_TENSOR", |r| r.peak_rss_mib, "MiB"),
+    ];
+    println!();
+    println!("| metric | server | value | vs reference | vs tokio |");
+    println!("|---|---|---|---|---|");
+    for (label, get, unit) in metrics {
+        for row in rows {
+            let value = get(row);
+            let shown = if unit == "/s" {
+                format!("{value:.0} {unit}")
+            } else if unit == "MiB" {
+                format!("{value:.0} {unit}")
+            } else {
+                format!("{value:.2} {unit}")
+            };
+            println!(
+                "| {label} | {} | {shown} | {} | {} |",
+                row.name,
+                ratio(value, reference.as_ref().map(get)),
+                ratio(value, tokio.as_ref().map(get)),
+            );
+        }
+    }
+}

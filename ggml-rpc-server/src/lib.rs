@@ -1,0 +1,158 @@
+//! `ggml-rpc-server` as a library: the command line, the banner, the devices, and the shells
+//! the server runs on, so tests (and other tools) can start any shell in-process with
+//! [`start`] and get a [`RunningServer`].
+//!
+//! Flags, banner and behaviour follow llama.cpp's `rpc-server` (PROTOCOL.md §11), except that
+//! many clients are served at once, each with its own buffers, within configurable limits.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod args;
+pub mod banner;
+pub mod cache_location;
+pub mod devices;
+pub mod shells;
+
+use std::io::IsTerminal as _;
+use std::net::{SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use proto_core::tensor_cache::TensorCache;
+use proto_core::wire::ProtocolVersion;
+use shell_tokio::FsTensorCache;
+use tracing_subscriber::EnvFilter;
+
+pub use args::Args;
+pub use shells::{start, RunningServer, ServerConfig, Shell, SHELLS};
+
+/// Logs go to stderr. `RUST_LOG` wins; otherwise `-v`/`-vv` (or the reference's
+/// `GGML_RPC_DEBUG=1`) raise the default `info` level.
+pub fn init_tracing(verbose: u8) {
+    let debug_env = std::env::var("GGML_RPC_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0");
+    let level = match (verbose, debug_env) {
+        (0, false) => "info",
+        (0, true) | (1, _) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// The whole process after argument parsing: devices, cache, bind, start the shell, banner,
+/// serve until SIGINT/SIGTERM, graceful shutdown.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let selected = match devices::select(args.device.as_deref()) {
+        Ok(selected) => selected,
+        Err(unknown) => {
+            eprintln!("error: unknown device: {unknown}");
+            eprintln!("available devices:");
+            for name in devices::available_names() {
+                eprintln!("  {name}");
+            }
+            eprintln!("No devices found");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| backend_cpu::CpuConfig::default().threads);
+    let devices = devices::open(&selected, threads);
+
+    let cache_dir = match (&args.cache_dir, args.cache) {
+        (Some(dir), _) => Some(dir.clone()),
+        (None, true) => Some(
+            cache_location::default_cache_dir(|name| std::env::var(name).ok())
+                .context("cannot locate the cache directory: set LLAMA_CACHE or use --cache-dir")?,
+        ),
+        (None, false) => None,
+    };
+    let cache = cache_dir
+        .as_ref()
+        .map(|dir| {
+            FsTensorCache::open(dir)
+                .with_context(|| format!("cannot create the cache directory {}", dir.display()))
+        })
+        .transpose()?;
+
+    let version = if args.protocol == 7 {
+        ProtocolVersion::V7_0_0
+    } else {
+        ProtocolVersion::V8_0_0
+    };
+    let mut config = ServerConfig::new(version);
+    config.max_clients = args.max_clients;
+    config.memory_quota = args.memory_quota;
+    config.max_message_size = args.max_message_size;
+    config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
+
+    let shell =
+        shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;
+    let shutdown = ShutdownSignal::install()?;
+    if let Some(warning) = banner::exposure_warning(&args.host.to_string()) {
+        eprint!("{warning}");
+    }
+    let addr = SocketAddr::from((args.host, args.port));
+    // std sets SO_REUSEADDR on Unix listeners (backlog 128).
+    let listener = TcpListener::bind(addr).with_context(|| format!("cannot bind {addr}"))?;
+    tracing::debug!(shell = shell.name(), threads, "starting");
+    let server = shell.start(listener, devices.backend, config)?;
+    print!(
+        "{}",
+        banner::banner(
+            version,
+            server.local_addr(),
+            cache_dir.as_deref(),
+            &devices.list
+        )
+    );
+    {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+    }
+    shutdown.wait();
+    tracing::info!("shutdown signal received");
+    server.shutdown()?;
+    tracing::info!("server stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGINT and SIGTERM, caught from start-up on (so a signal right after the banner is not
+/// lost), for every shell alike.
+struct ShutdownSignal {
+    #[cfg(unix)]
+    signals: signal_hook::iterator::Signals,
+}
+
+impl ShutdownSignal {
+    fn install() -> anyhow::Result<ShutdownSignal> {
+        #[cfg(unix)]
+        {
+            use signal_hook::consts::{SIGINT, SIGTERM};
+            let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+                .context("cannot watch SIGINT/SIGTERM")?;
+            Ok(ShutdownSignal { signals })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(ShutdownSignal {})
+        }
+    }
+
+    /// Blocks until the first SIGINT or SIGTERM.
+    fn wait(mut self) {
+        #[cfg(unix)]
+        {
+            let _ = self.signals.forever().next();
+        }
+        #[cfg(not(unix))]
+        loop {
+            std::thread::park();
+        }
+    }
+}

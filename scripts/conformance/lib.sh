@@ -1,0 +1,104 @@
+# Shared helpers for scripts/conformance/*.sh. Source it; do not run it.
+# shellcheck shell=bash
+
+CONF_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$CONF_DIR/../.." && pwd)"
+PEER_ROOT="${GGML_RPC_PEER_CACHE:-/var/cache/ggml-rpc-peer}"
+PEER="$PEER_ROOT/b11434"
+PEER_BIN="$PEER/bin"
+PEER_LIB="$PEER/lib"
+PEER_INCLUDE="$PEER/include"
+PEER_SRC="$PEER/src"
+# build outputs and logs (git-ignored)
+CONF_OUT="${CONFORMANCE_OUT:-$REPO_ROOT/target/conformance}"
+OUR_SERVER="${GGML_RPC_OUR_SERVER:-$REPO_ROOT/target/release/ggml-rpc-server}"
+
+conf_log() { printf '[%s %s] %s\n' "$(basename "$0")" "$(date +%H:%M:%S)" "$*" >&2; }
+conf_die() { printf '[%s] ERROR: %s\n' "$(basename "$0")" "$*" >&2; exit 2; }
+
+conf_check_peer() {
+    [ -x "$PEER_BIN/ggml-rpc-server" ] || conf_die "llama.cpp b11434 not found under $PEER (run scripts/peer/build-b11434.sh or set GGML_RPC_PEER_CACHE)"
+}
+
+# conf_build_our_server: build target/release/ggml-rpc-server if it is missing
+# (set CONFORMANCE_REBUILD=1 to always run cargo, which is a no-op when up to date).
+conf_build_our_server() {
+    if [ -x "$OUR_SERVER" ] && [ "${CONFORMANCE_REBUILD:-0}" != 1 ]; then
+        return 0
+    fi
+    conf_log "building our server: cargo build --release -p ggml-rpc-server"
+    (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server) || conf_die "cargo build failed"
+    [ -x "$OUR_SERVER" ] || conf_die "$OUR_SERVER missing after the build"
+}
+
+conf_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# conf_wait_port PORT PID: wait until 127.0.0.1:PORT accepts connections (30 s) while PID lives.
+conf_wait_port() {
+    local port=$1 pid=$2
+    for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$port),timeout=1).close()" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# conf_kill PID: stop a process we started (TERM, then KILL), ignore if gone.
+conf_kill() {
+    local pid=$1
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# conf_build_tools: build the C helpers from tests/conformance into $CONF_OUT/build
+# (only when a source is newer than its output). Sets SHIM, LIST_SHIM, PROBE.
+conf_build_tools() {
+    local build="$CONF_OUT/build" src="$REPO_ROOT/tests/conformance" cc=${CC:-cc}
+    mkdir -p "$build"
+    SHIM="$build/librpc_shim.so"
+    LIST_SHIM="$build/liblist_shim.so"
+    PROBE="$build/llama_probe"
+    if [ ! -f "$SHIM" ] || [ "$src/rpc_shim.c" -nt "$SHIM" ]; then
+        conf_log "building $SHIM"
+        $cc -shared -fPIC -O2 -Wall -Wextra -o "$SHIM" "$src/rpc_shim.c" -I"$PEER_INCLUDE" \
+            -L"$PEER_LIB" -lggml-rpc -lggml -lggml-base -Wl,-rpath,"$PEER_LIB" \
+            || conf_die "building the RPC shim failed"
+    fi
+    if [ ! -f "$LIST_SHIM" ] || [ "$src/list_shim.c" -nt "$LIST_SHIM" ]; then
+        conf_log "building $LIST_SHIM"
+        $cc -shared -fPIC -O2 -Wall -Wextra -o "$LIST_SHIM" "$src/list_shim.c" -I"$PEER_INCLUDE" \
+            || conf_die "building the list shim failed"
+    fi
+    if [ ! -f "$PROBE" ] || [ "$src/llama_probe.c" -nt "$PROBE" ]; then
+        conf_log "building $PROBE"
+        $cc -O2 -Wall -Wextra -o "$PROBE" "$src/llama_probe.c" -I"$PEER_INCLUDE" \
+            -L"$PEER_LIB" -lllama -lggml -lggml-base -Wl,-rpath,"$PEER_LIB" \
+            || conf_die "building llama_probe failed"
+    fi
+}
+
+# conf_python: print a python that has numpy and pyyaml (for make-models.py). Uses
+# $CONFORMANCE_PYTHON if set, the system python3 if it has both, else a venv in
+# $CONF_OUT/venv that it creates with pip (numpy, pyyaml) on first use.
+conf_python() {
+    if [ -n "${CONFORMANCE_PYTHON:-}" ]; then echo "$CONFORMANCE_PYTHON"; return 0; fi
+    if python3 -c 'import numpy, yaml' 2>/dev/null; then command -v python3; return 0; fi
+    local venv="$CONF_OUT/venv"
+    if ! "$venv/bin/python" -c 'import numpy, yaml' 2>/dev/null; then
+        conf_log "creating $venv (numpy, pyyaml)"
+        python3 -m venv "$venv" >&2 || conf_die "python3 -m venv failed"
+        "$venv/bin/pip" install -q numpy pyyaml >&2 || conf_die "pip install numpy pyyaml failed"
+    fi
+    echo "$venv/bin/python"
+}

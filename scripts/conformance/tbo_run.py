@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Run llama.cpp's test-backend-ops (b11434) against an RPC server, one op per process.
+
+Driven by scripts/conformance/test-backend-ops.sh (which builds the shims and picks the
+server); it can also be run directly. For every op:
+
+ 1. The case list, in test-mode order, is taken from test-backend-ops itself with
+    tests/conformance/list_shim.c preloaded (every case reports "not supported" at once).
+ 2. test-backend-ops `test -b RPC0 -o OP` runs with tests/conformance/rpc_shim.c preloaded,
+    which adds the server as device RPC0. Each result line `  OP(params): OK|FAIL|not
+    supported` is matched to the list.
+ 3. If the process dies (the RPC client aborts when the server closes the connection or
+    crashes) or prints no result for --case-timeout seconds, the case it was on is
+    recorded as CRASH or HANG, the server is restarted if it died, and the rest of the
+    op's cases run in new processes, named one by one with -o (full case strings).
+    After --max-crashes such events the op's remaining cases are NOT_RUN.
+
+Prints a table (cases / passed / failed / not supported / crashed / hung / not run) and
+writes per-case results to LOGDIR/results.tsv. Exit status: 0 when every case passed or
+was not supported by the CPU reference, 1 otherwise, 2 on a harness error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import conflib
+from conflib import ANSI, Server, log
+
+conflib.LOG_TAG = "tbo"
+
+# "  OP(params): OK" - a failure message may precede it on the same line.
+RESULT = re.compile(r"(?:^|\s)([A-Z][A-Z0-9_]*)\((.*)\): (OK|FAIL|not supported)")
+MAX_ARG = 100_000          # Linux limits one argv string to 128 KiB
+MAX_CASES_PER_CHUNK = 400  # -o entries are compared linearly for each of ~24k cases
+
+# Ops that a llama / qwen2 / qwen3 / gemma model sends at b11434 (flash attention on and
+# off). UNARY and GLU are not -o names: test-backend-ops names those cases by the unary /
+# glu op (ggml_op_desc), so they expand to the ones these models use.
+DEFAULT_OPS = (
+    "GET_ROWS,SET_ROWS,CPY,DUP,CONT,RESHAPE,VIEW,PERMUTE,TRANSPOSE,ADD,ADD1,SUB,MUL,DIV,"
+    "SCALE,SQR,SQRT,SUM_ROWS,MEAN,RMS_NORM,NORM,MUL_MAT,MUL_MAT_ID,ROPE,SOFT_MAX,"
+    "FLASH_ATTN_EXT,GLU,UNARY,CONCAT,ARGMAX,CLAMP"
+)
+GROUPS = {
+    "default": DEFAULT_OPS,
+    "UNARY": "SILU,GELU,TANH",
+    "GLU": "SWIGLU,GEGLU",
+    # whole-graph ("fused") cases built from the ops above, as llama.cpp graphs chain them
+    "fused": "ADD_RMS_NORM,RMS_NORM_MUL_ADD,RMS_NORM_MUL_ROPE,ROPE_SET_ROWS,MUL_MAT_ADD,"
+             "SILU_MUL,GELU_MUL,SOFTCAP",
+}
+
+
+def expand_ops(spec: str) -> list[str]:
+    out: list[str] = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item in GROUPS:
+            for sub in expand_ops(GROUPS[item]):
+                if sub not in out:
+                    out.append(sub)
+        elif item not in out:
+            out.append(item)
+    return out
+
+
+@dataclass
+class OpResult:
+    op: str
+    names: list[str] = field(default_factory=list)       # case strings, test order
+    status: list[str | None] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+    processes: int = 0
+    server_restarts: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+    def count(self, s: str) -> int:
+        return sum(1 for x in self.status if x == s)
+
+
+def list_cases(args, op: str) -> list[str]:
+    cmd = [args.tbo, "test", "-b", "CPU", "-o", op]
+    if args.params:
+        cmd += ["-p", args.params]
+    env = dict(os.environ, LD_PRELOAD=args.list_shim, GGML_NO_BACKTRACE="1")
+    env.pop("GGML_RPC_SHIM_ENDPOINT", None)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    names = []
+    for line in ANSI.sub("", p.stdout.decode(errors="replace")).splitlines():
+        m = RESULT.search(line)
+        if m:
+            names.append(f"{m.group(1)}({m.group(2)})")
+    if p.returncode != 0:
+        raise SystemExit(f"listing the cases of {op} failed (rc {p.returncode}):\n"
+                         + p.stdout.decode(errors="replace")[-2000:])
+    return names
+
+
+def chunks(names: list[str]) -> list[list[str]]:
+    out, cur, size = [], [], 0
+    for n in names:
+        if cur and (size + len(n) + 1 > MAX_ARG or len(cur) >= MAX_CASES_PER_CHUNK):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += len(n) + 1
+    if cur:
+        out.append(cur)
+    return out
+
+
+def run_process(args, server: Server, res: OpResult, filt: str, expected: list[int], outf) -> tuple[int, str]:
+    """Run one test-backend-ops process. `expected` = indices into res.names that it will
+    run, in order. Returns (position reached in expected, how it ended: ok|crash|hang|startup)."""
+    cmd = [args.tbo, "test", "-b", args.backend, "-o", filt]
+    if args.params:
+        cmd += ["-p", args.params]
+    env = dict(os.environ, LD_PRELOAD=args.shim, GGML_RPC_SHIM_ENDPOINT=server.endpoint,
+               GGML_RPC_SHIM_QUIET="1", GGML_NO_BACKTRACE="1")
+    outf.write(f"\n### {' '.join(shlex.quote(c) for c in cmd[:4])} -o <{len(expected)} cases>\n".encode())
+    outf.flush()
+    res.processes += 1
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    pos = 0
+    started = False
+    finished = False
+    buf = b""
+    last_progress = time.time()
+    hung = False
+    fd = proc.stdout.fileno()
+    while True:
+        r, _, _ = select.select([fd], [], [], 1.0)
+        if r:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            outf.write(data)
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                line = ANSI.sub("", raw.decode(errors="replace"))
+                if line.startswith("Backend ") and args.backend in line:
+                    started = True
+                if re.match(r"^\s*\d+/\d+ tests passed", line):
+                    finished = True
+                m = RESULT.search(line)
+                if not m:
+                    continue
+                name = f"{m.group(1)}({m.group(2)})"
+                # match to the expected order (search forward, robust to surprises)
+                j = pos
+                while j < len(expected) and res.names[expected[j]] != name:
+                    j += 1
+                if j == len(expected):
+                    log(f"warning: unexpected result line for {name}")
+                    continue
+                pos = j + 1
+                idx = expected[j]
+                st = {"OK": "OK", "FAIL": "FAIL", "not supported": "UNSUPPORTED"}[m.group(3)]
+                if res.status[idx] is None:
+                    res.status[idx] = st
+                    pre = line[: m.start()].strip()
+                    res.detail[idx] = pre[:300] if st == "FAIL" else ""
+                last_progress = time.time()
+        elif time.time() - last_progress > args.case_timeout:
+            hung = True
+            log(f"{res.op}: no result for {args.case_timeout} s, killing test-backend-ops")
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.wait()
+    rc = proc.returncode
+    outf.write(f"### exit {rc}\n".encode())
+    if hung:
+        return pos, "hang"
+    if not started:
+        return pos, "startup"
+    if finished and pos >= len(expected) and rc in (0, 1):
+        return pos, "ok"
+    if rc in (0, 1) and finished:
+        # ended normally but some cases never reported: should not happen
+        log(f"{res.op}: {len(expected) - pos} cases ended without a result line")
+        return pos, "ok"
+    return pos, "crash"
+
+
+def run_op(args, server: Server, op: str, outf) -> OpResult:
+    res = OpResult(op)
+    res.names = list_cases(args, op)
+    n = len(res.names)
+    res.status = [None] * n
+    res.detail = [""] * n
+    if n == 0:
+        res.note = "no test-backend-ops cases"
+        return res
+    todo = list(range(n))
+    if args.sample and n > args.sample:
+        step = n / args.sample
+        todo = sorted({int(i * step) for i in range(args.sample)})
+        keep = set(todo)
+        for i in range(n):
+            if i not in keep:
+                res.status[i] = "SAMPLED_OUT"
+    t0 = time.time()
+    events = 0
+    whole = len(todo) == n  # first process may use the plain op name
+    name_to_idx: dict[str, list[int]] = {}
+    for i, nm in enumerate(res.names):
+        name_to_idx.setdefault(nm, []).append(i)
+
+    while todo:
+        if server.ensure():
+            res.server_restarts += 1
+        if whole:
+            batches = [(op, list(todo))]
+        else:
+            batches = []
+            for ch in chunks(list(dict.fromkeys(res.names[i] for i in todo))):
+                exp = sorted(i for nm in ch for i in name_to_idx[nm])
+                batches.append((",".join(ch), exp))
+        whole = False
+        broke = False
+        for filt, exp in batches:
+            if server.ensure():
+                res.server_restarts += 1
+            mark = server.log_mark()
+            pos, how = run_process(args, server, res, filt, exp, outf)
+            if how == "ok":
+                continue
+            # the case the process was on when it died / stalled
+            culprit = next((i for i in exp[pos:] if res.status[i] is None), None)
+            died = not server.alive()
+            if how == "startup":
+                what = "startup failed" + (" (server died)" if died else "")
+            else:
+                what = ("server died" if died else "client aborted") if how == "crash" \
+                    else f"no result in {args.case_timeout} s"
+            time.sleep(0.05)
+            srv = server.last_log_line(mark)
+            if srv:
+                what += f" | server: {srv}"
+            events += 1
+            if culprit is not None:
+                res.status[culprit] = "HANG" if how == "hang" else "CRASH"
+                res.detail[culprit] = what
+                log(f"{op}: {res.status[culprit]} in {res.names[culprit]}: {what}")
+            if how == "hang" and server.cmd is not None:
+                # a hung server may still hold the connection state: restart it
+                server.stop()
+            broke = True
+            break
+        todo = [i for i in todo if res.status[i] is None]
+        if not broke:
+            break
+        if events >= args.max_crashes and todo:
+            for i in todo:
+                res.status[i] = "NOT_RUN"
+                res.detail[i] = f"stopped after {events} crashes/hangs"
+            res.note = f"gave up after {events} crashes/hangs"
+            break
+    res.seconds = time.time() - t0
+    return res
+
+
+COLS = ["OK", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "NOT_RUN"]
+
+
+def print_table(results: list[OpResult], title: str) -> None:
+    print(f"\n{title}")
+    hdr = f"{'op':<16} {'cases':>6} {'passed':>7} {'failed':>7} {'unsupp':>7} {'crash':>6} " \
+          f"{'hang':>5} {'notrun':>7} {'procs':>6} {'time':>7}  note"
+    print(hdr)
+    print("-" * len(hdr))
+    tot = {c: 0 for c in COLS}
+    ncases = 0
+    for r in results:
+        run = sum(1 for s in r.status if s != "SAMPLED_OUT")
+        ncases += run
+        cnt = {c: r.count(c) for c in COLS}
+        for c in COLS:
+            tot[c] += cnt[c]
+        note = r.note
+        if r.server_restarts:
+            note = (note + "; " if note else "") + f"server restarted {r.server_restarts}x"
+        if len(r.names) != run:
+            note = (note + "; " if note else "") + f"sampled {run}/{len(r.names)}"
+        print(f"{r.op:<16} {run:>6} {cnt['OK']:>7} {cnt['FAIL']:>7} {cnt['UNSUPPORTED']:>7} "
+              f"{cnt['CRASH']:>6} {cnt['HANG']:>5} {cnt['NOT_RUN']:>7} {r.processes:>6} "
+              f"{r.seconds:>6.0f}s  {note}")
+    print("-" * len(hdr))
+    print(f"{'TOTAL':<16} {ncases:>6} {tot['OK']:>7} {tot['FAIL']:>7} {tot['UNSUPPORTED']:>7} "
+          f"{tot['CRASH']:>6} {tot['HANG']:>5} {tot['NOT_RUN']:>7}")
+
+
+def print_reasons(results: list[OpResult], top: int = 3) -> None:
+    lines = []
+    for r in results:
+        groups: dict[str, int] = {}
+        for st, de in zip(r.status, r.detail):
+            if st in ("FAIL", "CRASH", "HANG"):
+                key = f"{st}: " + re.sub(r"\d+(\.\d+)?", "#", de or "(no message)")[:160]
+                groups[key] = groups.get(key, 0) + 1
+        for key, n in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {r.op:<16} {n:>5}x  {key}")
+    if lines:
+        print("\nmost common failure reasons (digits shown as #):")
+        print("\n".join(lines))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tbo", required=True, help="test-backend-ops binary")
+    ap.add_argument("--shim", required=True, help="librpc_shim.so")
+    ap.add_argument("--list-shim", required=True, help="liblist_shim.so")
+    ap.add_argument("--server-cmd", help="server command; {port} is replaced, else '-p PORT' is appended")
+    ap.add_argument("--endpoint", help="use a running server at HOST:PORT instead of --server-cmd")
+    ap.add_argument("--backend", default="RPC0")
+    ap.add_argument("--ops", default="default", help="comma list of -o op names and groups "
+                    f"({', '.join(GROUPS)}); default: %(default)s")
+    ap.add_argument("--params", help="-p regex passed to test-backend-ops")
+    ap.add_argument("--sample", type=int, default=0, help="run at most N evenly spread cases per op")
+    ap.add_argument("--case-timeout", type=float, default=120.0, help="seconds without a result = hang")
+    ap.add_argument("--max-crashes", type=int, default=200, help="crashes/hangs per op before giving up on it")
+    ap.add_argument("--logdir", default="target/conformance/test-backend-ops")
+    ap.add_argument("--title", default="test-backend-ops through RPC")
+    args = ap.parse_args()
+    if bool(args.server_cmd) == bool(args.endpoint):
+        ap.error("give exactly one of --server-cmd and --endpoint")
+    os.makedirs(args.logdir, exist_ok=True)
+    ops = expand_ops(args.ops)
+    server = Server(args.server_cmd, args.endpoint, args.logdir)
+    results: list[OpResult] = []
+    try:
+        server.start()
+        with open(os.path.join(args.logdir, "test-backend-ops.log"), "wb") as outf:
+            for op in ops:
+                log(f"{op}: listing cases")
+                r = run_op(args, server, op, outf)
+                log(f"{op}: {len(r.names)} cases, ok {r.count('OK')}, fail {r.count('FAIL')}, "
+                    f"crash {r.count('CRASH')}, hang {r.count('HANG')}, {r.seconds:.0f} s")
+                results.append(r)
+    except KeyboardInterrupt:
+        log("interrupted")
+    finally:
+        server.stop()
+    with open(os.path.join(args.logdir, "results.tsv"), "w") as f:
+        f.write("op\tcase\tstatus\tdetail\n")
+        for r in results:
+            for nm, st, de in zip(r.names, r.status, r.detail):
+                f.write(f"{r.op}\t{nm}\t{st}\t{de}\n")
+    print_table(results, args.title)
+    print_reasons(results)
+    print(f"\nper-case results: {os.path.join(args.logdir, 'results.tsv')}; "
+          f"raw output: {os.path.join(args.logdir, 'test-backend-ops.log')}")
+    bad = sum(r.count(c) for r in results for c in ("FAIL", "CRASH", "HANG", "NOT_RUN"))
+    if len(results) < len(ops):
+        return 2
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
