@@ -172,6 +172,12 @@ impl Backend for CpuBackend {
             .with_region(at, out.len() as u64, |region| out.copy_from_slice(region))
     }
 
+    fn read_bytes(&self, at: TensorLocation, len: usize) -> Result<bytes::Bytes> {
+        // One copy straight out of the buffer, without zero-filling a reply piece first.
+        self.buffers
+            .with_region(at, len as u64, bytes::Bytes::copy_from_slice)
+    }
+
     fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()> {
         self.buffers
             .with_region_mut(at, len, |region| region.fill(value))

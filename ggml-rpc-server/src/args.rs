@@ -57,7 +57,7 @@ pub struct Args {
     pub max_message_size: u64,
 
     /// The I/O shell (runtime) that serves the connections.
-    #[arg(long, default_value = "tokio", value_parser = clap::builder::PossibleValuesParser::new(shells::names()))]
+    #[arg(long, default_value = shells::DEFAULT_SHELL, value_parser = clap::builder::PossibleValuesParser::new(shells::names()))]
     pub shell: String,
 
     /// More log output (-v debug, -vv trace). RUST_LOG overrides it.

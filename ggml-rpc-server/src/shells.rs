@@ -47,6 +47,15 @@ pub const SHELLS: &[&dyn Shell] = &[
     &SmolShell,
 ];
 
+/// The shell used without `--shell`: tokio when it is compiled in.
+pub const DEFAULT_SHELL: &str = if cfg!(feature = "tokio") {
+    "tokio"
+} else if cfg!(all(feature = "uring", target_os = "linux")) {
+    "uring"
+} else {
+    "smol"
+};
+
 /// The names of [`SHELLS`].
 pub fn names() -> Vec<&'static str> {
     SHELLS.iter().map(|shell| shell.name()).collect()
@@ -251,7 +260,12 @@ impl Shell for UringShell {
             server.join();
             Ok(())
         })?;
-        Ok(RunningServer::new("uring", addr, move || stopper.stop(), thread))
+        Ok(RunningServer::new(
+            "uring",
+            addr,
+            move || stopper.stop(),
+            thread,
+        ))
     }
 }
 
@@ -291,6 +305,11 @@ impl Shell for SmolShell {
             })?;
             Ok(())
         })?;
-        Ok(RunningServer::new("smol", addr, move || drop(stop_tx), thread))
+        Ok(RunningServer::new(
+            "smol",
+            addr,
+            move || drop(stop_tx),
+            thread,
+        ))
     }
 }

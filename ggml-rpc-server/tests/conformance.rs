@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{
-    bytes_tensor, capture_logs, f32_tensor, pattern, within, Raw, TestServer,
-};
+use common::{bytes_tensor, capture_logs, f32_tensor, pattern, within, Raw, TestServer};
 use ggml_rpc_server::ServerConfig;
 use proto_core::ggml::types::id;
 use proto_core::ggml::{flags, Op};
@@ -87,9 +85,12 @@ where
     bystander.still_works().await;
     server.shutdown().await;
     // The lines came from the shell under test.
-    assert!(logs.text().contains(&format!("shell_{shell}::")), "{}", logs.text());
+    assert!(
+        logs.text().contains(&format!("shell_{shell}::")),
+        "{}",
+        logs.text()
+    );
 }
-
 
 async fn device_queries_in_both_dialects(shell: &'static str) {
     for version in [ProtocolVersion::V7_0_0, ProtocolVersion::V8_0_0] {
@@ -434,9 +435,12 @@ async fn set_tensor_data_reaches_the_backend_in_chunks_of_at_most_16_mib(shell: 
         backend.clone(),
         ServerConfig::new(ProtocolVersion::V8_0_0),
     );
-    let mut client = within(Client::connect(server.local_addr(), ProtocolVersion::V8_0_0))
-        .await
-        .unwrap();
+    let mut client = within(Client::connect(
+        server.local_addr(),
+        ProtocolVersion::V8_0_0,
+    ))
+    .await
+    .unwrap();
     let len = 40 << 20;
     let buffer = client.alloc_buffer(0, len as u64).await.unwrap().unwrap();
     let base = client.buffer_base(buffer.handle).await.unwrap();
@@ -491,19 +495,23 @@ async fn set_tensor_past_the_buffer_end(shell: &'static str) {
 }
 
 async fn ne0_not_a_multiple_of_the_block_size(shell: &'static str) {
-    attack(shell, "block_misaligned", |mut raw, handle, base| async move {
-        let mut tensor = RpcTensor::contiguous(9, id::Q4_0, [32, 1, 1, 1]).unwrap();
-        tensor.ne[0] = 33;
-        tensor.buffer = handle;
-        tensor.data = base;
-        raw.send(&Request::GetTensor {
-            tensor: Box::new(tensor),
-            offset: 0,
-            size: 4,
-        })
-        .await;
-        raw
-    })
+    attack(
+        shell,
+        "block_misaligned",
+        |mut raw, handle, base| async move {
+            let mut tensor = RpcTensor::contiguous(9, id::Q4_0, [32, 1, 1, 1]).unwrap();
+            tensor.ne[0] = 33;
+            tensor.buffer = handle;
+            tensor.data = base;
+            raw.send(&Request::GetTensor {
+                tensor: Box::new(tensor),
+                offset: 0,
+                size: 4,
+            })
+            .await;
+            raw
+        },
+    )
     .await;
 }
 
@@ -833,7 +841,6 @@ impl proto_core::backend::Backend for Recording {
         self.inner.graph_compute(device, graph)
     }
 }
-
 
 /// Runs every test above once per shell of this build: `tokio_shell::NAME`, `uring_shell::NAME`,
 /// `smol_shell::NAME`. The client side is a two-worker tokio runtime; the server runs on the

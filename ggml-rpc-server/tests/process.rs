@@ -177,10 +177,7 @@ fn uring_refused_by_the_kernel_is_reported_at_start_up() {
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("io_uring is not available: "),
-        "{stderr}"
-    );
+    assert!(stderr.contains("io_uring is not available: "), "{stderr}");
     assert!(!String::from_utf8_lossy(&output.stdout).contains("Starting RPC server"));
 }
 
@@ -193,7 +190,12 @@ fn deny_io_uring_setup() -> std::io::Result<()> {
     const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     let mut filter = [
         // seccomp_data.nr is at offset 0
-        libc::sock_filter { code: LD_NR, jt: 0, jf: 0, k: 0 },
+        libc::sock_filter {
+            code: LD_NR,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
         libc::sock_filter {
             code: JEQ,
             jt: 0,
@@ -206,7 +208,12 @@ fn deny_io_uring_setup() -> std::io::Result<()> {
             jf: 0,
             k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
         },
-        libc::sock_filter { code: RET, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+        libc::sock_filter {
+            code: RET,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
     ];
     let program = libc::sock_fprog {
         len: filter.len() as u16,

@@ -35,7 +35,9 @@ use proto_core::wire::{
 const READ: usize = 256 << 10;
 
 fn hello_frame() -> Bytes {
-    Request::Hello { caps: [0; 24] }.to_frame(Dialect::V8).expect("HELLO encodes")
+    Request::Hello { caps: [0; 24] }
+        .to_frame(Dialect::V8)
+        .expect("HELLO encodes")
 }
 
 /// HELLO is not part of the measured stream: the session is connected before the data flows.
@@ -46,7 +48,11 @@ fn connected_session() -> ServerSession {
         Ok(Some(ServerEvent::Request(Request::Hello { .. }))) => {}
         other => panic!("expected HELLO, got {other:?}"),
     }
-    let hello = Response::Hello { version: ProtocolVersion::V8_0_0, flags: 0, caps: [0; 24] };
+    let hello = Response::Hello {
+        version: ProtocolVersion::V8_0_0,
+        flags: 0,
+        caps: [0; 24],
+    };
     session.send_response(&hello).expect("HELLO is owed");
     while session.poll_transmit().is_some() {}
     session
@@ -62,10 +68,16 @@ fn set_tensor_stream(count: usize, size: usize) -> Bytes {
         tensor.buffer = 0x9e37_79b9_7f4a_7c15;
         tensor.data = 0x1000_0000_0000;
         let request = Request::SetTensor {
-            header: Box::new(SetTensorHeader { tensor, cache_flag: 0, offset: 0 }),
+            header: Box::new(SetTensorHeader {
+                tensor,
+                cache_flag: 0,
+                offset: 0,
+            }),
             data: data.clone(),
         };
-        request.encode_head(Dialect::V8, &mut stream).expect("encodes");
+        request
+            .encode_head(Dialect::V8, &mut stream)
+            .expect("encodes");
         stream.extend_from_slice(&data);
     }
     stream.freeze()
@@ -177,38 +189,147 @@ impl GraphBuilder {
 /// A llama-like graph: 250 layers of 12 leaves (norms, Q4_K projections, F16 KV cache, positions)
 /// and 8 nodes, 2,000 nodes and 5,001 tensors in all, every tensor in one buffer.
 fn realistic_graph(table: &mut BufferTable) -> GraphComputeRequest {
-    let buffer = table.insert(BufferId(1), 0, 1 << 40).expect("address space");
+    let buffer = table
+        .insert(BufferId(1), 0, 1 << 40)
+        .expect("address space");
     let base = table.get(buffer).expect("inserted").base;
-    let mut g = GraphBuilder { tensors: Vec::new(), nodes: Vec::new(), buffer, base, cursor: 0 };
+    let mut g = GraphBuilder {
+        tensors: Vec::new(),
+        nodes: Vec::new(),
+        buffer,
+        base,
+        cursor: 0,
+    };
     let act = [EMBED, TOKENS, 1, 1];
     let mut x = g.add(id::F32, act, Op::NONE, &[], "inp_embd".into());
     for layer in 0..LAYERS {
         let w = |n: &str| format!("blk.{layer}.{n}");
-        let norm1 = g.add(id::F32, [EMBED, 1, 1, 1], Op::NONE, &[], w("attn_norm.weight"));
-        let wq = g.add(id::Q4_K, [EMBED, EMBED, 1, 1], Op::NONE, &[], w("attn_q.weight"));
-        let _wk = g.add(id::Q4_K, [EMBED, EMBED, 1, 1], Op::NONE, &[], w("attn_k.weight"));
-        let _wv = g.add(id::Q4_K, [EMBED, EMBED, 1, 1], Op::NONE, &[], w("attn_v.weight"));
-        let wo = g.add(id::Q4_K, [EMBED, EMBED, 1, 1], Op::NONE, &[], w("attn_output.weight"));
-        let _norm2 = g.add(id::F32, [EMBED, 1, 1, 1], Op::NONE, &[], w("ffn_norm.weight"));
-        let _wg = g.add(id::Q4_K, [EMBED, FFN, 1, 1], Op::NONE, &[], w("ffn_gate.weight"));
-        let _wu = g.add(id::Q4_K, [EMBED, FFN, 1, 1], Op::NONE, &[], w("ffn_up.weight"));
-        let _wd = g.add(id::Q4_K, [FFN, EMBED, 1, 1], Op::NONE, &[], w("ffn_down.weight"));
-        let k_cache = g.add(id::F16, [EMBED, 512, 1, 1], Op::NONE, &[], format!("cache_k_l{layer}"));
-        let _v_cache = g.add(id::F16, [EMBED, 512, 1, 1], Op::NONE, &[], format!("cache_v_l{layer}"));
-        let pos = g.add(id::I32, [TOKENS, 1, 1, 1], Op::NONE, &[], format!("inp_pos_l{layer}"));
+        let norm1 = g.add(
+            id::F32,
+            [EMBED, 1, 1, 1],
+            Op::NONE,
+            &[],
+            w("attn_norm.weight"),
+        );
+        let wq = g.add(
+            id::Q4_K,
+            [EMBED, EMBED, 1, 1],
+            Op::NONE,
+            &[],
+            w("attn_q.weight"),
+        );
+        let _wk = g.add(
+            id::Q4_K,
+            [EMBED, EMBED, 1, 1],
+            Op::NONE,
+            &[],
+            w("attn_k.weight"),
+        );
+        let _wv = g.add(
+            id::Q4_K,
+            [EMBED, EMBED, 1, 1],
+            Op::NONE,
+            &[],
+            w("attn_v.weight"),
+        );
+        let wo = g.add(
+            id::Q4_K,
+            [EMBED, EMBED, 1, 1],
+            Op::NONE,
+            &[],
+            w("attn_output.weight"),
+        );
+        let _norm2 = g.add(
+            id::F32,
+            [EMBED, 1, 1, 1],
+            Op::NONE,
+            &[],
+            w("ffn_norm.weight"),
+        );
+        let _wg = g.add(
+            id::Q4_K,
+            [EMBED, FFN, 1, 1],
+            Op::NONE,
+            &[],
+            w("ffn_gate.weight"),
+        );
+        let _wu = g.add(
+            id::Q4_K,
+            [EMBED, FFN, 1, 1],
+            Op::NONE,
+            &[],
+            w("ffn_up.weight"),
+        );
+        let _wd = g.add(
+            id::Q4_K,
+            [FFN, EMBED, 1, 1],
+            Op::NONE,
+            &[],
+            w("ffn_down.weight"),
+        );
+        let k_cache = g.add(
+            id::F16,
+            [EMBED, 512, 1, 1],
+            Op::NONE,
+            &[],
+            format!("cache_k_l{layer}"),
+        );
+        let _v_cache = g.add(
+            id::F16,
+            [EMBED, 512, 1, 1],
+            Op::NONE,
+            &[],
+            format!("cache_v_l{layer}"),
+        );
+        let pos = g.add(
+            id::I32,
+            [TOKENS, 1, 1, 1],
+            Op::NONE,
+            &[],
+            format!("inp_pos_l{layer}"),
+        );
 
         let normed = g.add(id::F32, act, Op::RMS_NORM, &[x], format!("norm-{layer}"));
-        let scaled = g.add(id::F32, act, Op::MUL, &[normed, norm1], format!("attn_norm-{layer}"));
-        let q = g.add(id::F32, act, Op::MUL_MAT, &[wq, scaled], format!("Qcur-{layer}"));
+        let scaled = g.add(
+            id::F32,
+            act,
+            Op::MUL,
+            &[normed, norm1],
+            format!("attn_norm-{layer}"),
+        );
+        let q = g.add(
+            id::F32,
+            act,
+            Op::MUL_MAT,
+            &[wq, scaled],
+            format!("Qcur-{layer}"),
+        );
         let roped = g.add(id::F32, act, Op::ROPE, &[q, pos], format!("Qrope-{layer}"));
         let k_view = g.view(k_cache, act, format!("k_cache_view-{layer}"));
-        let attn = g.add(id::F32, act, Op::MUL_MAT, &[wo, roped, k_view], format!("attn_out-{layer}"));
-        let gate = g.add(id::F32, act, Op::UNARY, &[attn], format!("ffn_silu-{layer}"));
+        let attn = g.add(
+            id::F32,
+            act,
+            Op::MUL_MAT,
+            &[wo, roped, k_view],
+            format!("attn_out-{layer}"),
+        );
+        let gate = g.add(
+            id::F32,
+            act,
+            Op::UNARY,
+            &[attn],
+            format!("ffn_silu-{layer}"),
+        );
         g.tensors.last_mut().expect("added").op_params[0] = UnaryOp::SILU.0;
         x = g.add(id::F32, act, Op::ADD, &[gate, x], format!("l_out-{layer}"));
     }
     assert_eq!(g.nodes.len(), 8 * LAYERS);
-    GraphComputeRequest { device: 0, uid: 7, node_ids: g.nodes, tensors: g.tensors }
+    GraphComputeRequest {
+        device: 0,
+        uid: 7,
+        node_ids: g.nodes,
+        tensors: g.tensors,
+    }
 }
 
 fn bench_graph(c: &mut Criterion) {
@@ -219,7 +340,8 @@ fn bench_graph(c: &mut Criterion) {
     let payload = payload.freeze();
     let limits = GraphLimits::default();
     let decode_graph = |request: &GraphComputeRequest| {
-        Graph::decode(request, &limits, &mut |tensor, _| table.location(tensor)).expect("valid graph")
+        Graph::decode(request, &limits, &mut |tensor, _| table.location(tensor))
+            .expect("valid graph")
     };
     // Sanity: the payload decodes to the request and the graph validates.
     let Request::GraphCompute(decoded) =
@@ -234,14 +356,24 @@ fn bench_graph(c: &mut Criterion) {
     let mut group = c.benchmark_group("graph_compute");
     group.throughput(Throughput::Bytes(payload.len() as u64));
     group.bench_function("request_decode", |b| {
-        b.iter(|| Request::decode(Command::GraphCompute, Dialect::V8, black_box(payload.clone())))
+        b.iter(|| {
+            Request::decode(
+                Command::GraphCompute,
+                Dialect::V8,
+                black_box(payload.clone()),
+            )
+        })
     });
-    group.bench_function("graph_decode", |b| b.iter(|| decode_graph(black_box(&decoded))));
+    group.bench_function("graph_decode", |b| {
+        b.iter(|| decode_graph(black_box(&decoded)))
+    });
     group.bench_function("request_plus_graph_decode", |b| {
         b.iter(|| {
-            let Ok(Request::GraphCompute(request)) =
-                Request::decode(Command::GraphCompute, Dialect::V8, black_box(payload.clone()))
-            else {
+            let Ok(Request::GraphCompute(request)) = Request::decode(
+                Command::GraphCompute,
+                Dialect::V8,
+                black_box(payload.clone()),
+            ) else {
                 panic!("not a graph");
             };
             decode_graph(&request)
@@ -255,7 +387,10 @@ fn bench_memcpy(c: &mut Criterion) {
     let stream_volume = 64 * (9 + SetTensorHeader::SIZE + (4 << 20));
     let mut table = BufferTable::default();
     let graph_volume = realistic_graph(&mut table).encoded_len(Dialect::V8);
-    for (name, len) in [("set_tensor_volume", stream_volume), ("graph_payload_volume", graph_volume)] {
+    for (name, len) in [
+        ("set_tensor_volume", stream_volume),
+        ("graph_payload_volume", graph_volume),
+    ] {
         let source: Vec<u8> = (0..len).map(|i| i as u8).collect();
         let mut destination = vec![0u8; len];
         group.throughput(Throughput::Bytes(len as u64));

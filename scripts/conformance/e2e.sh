@@ -66,6 +66,6 @@ case ",$targets," in
 esac
 srv+=(--ref-cmd "$PEER_BIN/ggml-rpc-server -p {port}")
 
-exec python3 "$CONF_DIR/e2e_run.py" --completion "$PEER_BIN/llama-completion" --probe "$PROBE" \
+exec python3 -B "$CONF_DIR/e2e_run.py" --completion "$PEER_BIN/llama-completion" --probe "$PROBE" \
     --shim "$SHIM" --models "$models" --fa "$fa" --targets "$targets" -n "$n" \
     --logdir "$logdir" "${srv[@]}" "${extra[@]}"

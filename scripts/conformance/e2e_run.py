@@ -107,9 +107,21 @@ def main() -> int:
                            "-c", str(args.ctx), "-t", str(args.threads), "--no-warmup", "--no-repack"]
                     if rpc:
                         cmd += ["--rpc", servers[t].endpoint, "-ngl", "99"]
-                    rc, secs = run(cmd, env, args.timeout, base + ".completion.txt", base + ".completion.log")
-                    with open(base + ".completion.txt", "rb") as f:
-                        text = f.read()
+                    # llama-completion prints through common_log's worker thread, which is not
+                    # flushed at exit (b11434, see common/log.cpp): under load the tail of the
+                    # text can be lost with exit status 0. The perf summary is the last thing
+                    # logged, so a run is complete only if it is there; else run it again.
+                    for attempt in range(1, 4):
+                        rc, secs = run(cmd, env, args.timeout, base + ".completion.txt", base + ".completion.log")
+                        with open(base + ".completion.txt", "rb") as f:
+                            text = f.read()
+                        with open(base + ".completion.log", "rb") as f:
+                            complete = b"total time =" in f.read()
+                        if rc != 0 or complete:
+                            break
+                        log(f"{tag}: llama-completion output truncated (log not flushed), run {attempt}")
+                    if rc == 0 and not complete:
+                        rc = "truncated"
                     r = {"rc": rc, "text": text, "secs": secs, "restarted": restarted}
                     if not args.no_probe:
                         penv = dict(env)

@@ -56,5 +56,5 @@ logdir=${logdir:-$CONF_OUT/tbo-$mode}
 target=()
 if [ -n "$endpoint" ]; then target=(--endpoint "$endpoint"); else target=(--server-cmd "$server_cmd"); fi
 
-exec python3 "$CONF_DIR/tbo_run.py" --tbo "$PEER_BIN/test-backend-ops" --shim "$SHIM" \
+exec python3 -B "$CONF_DIR/tbo_run.py" --tbo "$PEER_BIN/test-backend-ops" --shim "$SHIM" \
     --list-shim "$LIST_SHIM" "${target[@]}" --logdir "$logdir" --title "$title" "${extra[@]}"

@@ -17,12 +17,12 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use async_io::{Async, Timer};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::comm::{
     CommError, Handshake, HandshakeEvent, LinkVariant, PairwiseAllReduce, WireFormat,
 };
 use proto_core::wire::CommInitRequest;
-use async_io::{Async, Timer};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 /// How often rank 1 tries to connect to rank 0, and how long it waits between tries.

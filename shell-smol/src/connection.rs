@@ -25,13 +25,16 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::backend::{Backend, TensorLocation};
 use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
-use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
 use proto_core::wire::{CommInitRequest, Request};
 
 use crate::comm_link::CommLink;
 
 /// Bytes read at once between messages.
 const READ_SIZE: usize = 64 * 1024;
+/// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
+/// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
+const STREAM_READ_SIZE: usize = 4 * 1024 * 1024;
 /// Transfers at least this large run on the blocking pool.
 const HEAVY_BYTES: u64 = 1 << 20;
 /// Most buffers passed to one vectored write.
@@ -223,7 +226,7 @@ pub async fn serve_connection(
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
             let want =
-                usize::try_from(remaining.min(MAX_DATA_CHUNK as u64)).unwrap_or(MAX_DATA_CHUNK);
+                usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
             let (chunk, eof) = read_chunk(stream, want).await?;
             if !chunk.is_empty() {
                 session.handle_input(chunk);
@@ -238,12 +241,13 @@ pub async fn serve_connection(
         if stop.is_closed() {
             return Ok(Closed::Shutdown);
         }
-        let read = futures_lite::future::or(async { Some(stream.read(&mut scratch).await) }, async {
-            // Closed (never sent to): the server is shutting down.
-            let _ = stop.recv().await;
-            None
-        })
-        .await;
+        let read =
+            futures_lite::future::or(async { Some(stream.read(&mut scratch).await) }, async {
+                // Closed (never sent to): the server is shutting down.
+                let _ = stop.recv().await;
+                None
+            })
+            .await;
         let Some(read) = read else {
             return Ok(Closed::Shutdown);
         };
@@ -280,9 +284,7 @@ async fn process_events(
                     tracing::info!(device, "comm link closed");
                 }
             }
-            Outcome::CommInit(request) => {
-                return Ok(Some(Deferred::Comm(CommWork::Init(request))))
-            }
+            Outcome::CommInit(request) => return Ok(Some(Deferred::Comm(CommWork::Init(request)))),
             Outcome::CommAllreduce {
                 device,
                 at,
@@ -370,7 +372,10 @@ async fn comm_work(
             let bytes = driver
                 .blocking(move |core| {
                     let mut bytes = vec![0u8; len];
-                    core.dispatcher.backend().read(at, &mut bytes).map(|()| bytes)
+                    core.dispatcher
+                        .backend()
+                        .read(at, &mut bytes)
+                        .map(|()| bytes)
                 })
                 .await?;
             let local: Vec<f32> = bytes

@@ -32,7 +32,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto_core::backend::{Backend, TensorLocation};
 use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
-use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
 use proto_core::wire::{CommInitRequest, Request};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -43,6 +43,9 @@ use crate::comm_link::CommLink;
 
 /// Bytes read at once between messages.
 const READ_SIZE: usize = 64 * 1024;
+/// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
+/// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
+const STREAM_READ_SIZE: usize = 4 * 1024 * 1024;
 /// Transfers at least this large are run under `block_in_place`.
 const HEAVY_BYTES: u64 = 1 << 20;
 /// Most buffers passed to one vectored write.
@@ -192,7 +195,7 @@ where
             // Streamed tensor data: finish it even during shutdown (the grace period bounds
             // that), so a client never gets half a tensor written.
             let want =
-                usize::try_from(remaining.min(MAX_DATA_CHUNK as u64)).unwrap_or(MAX_DATA_CHUNK);
+                usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
             let (chunk, eof) = read_chunk(stream, want).await?;
             if !chunk.is_empty() {
                 session.handle_input(chunk);
@@ -246,9 +249,7 @@ fn process_events(
                     tracing::info!(device, "comm link closed");
                 }
             }
-            Outcome::CommInit(request) => {
-                return Ok(Some(Deferred::Comm(CommWork::Init(request))))
-            }
+            Outcome::CommInit(request) => return Ok(Some(Deferred::Comm(CommWork::Init(request)))),
             Outcome::CommAllreduce {
                 device,
                 at,

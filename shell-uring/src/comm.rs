@@ -160,7 +160,9 @@ fn connect_peer(host: &str, port: u16) -> Result<TcpStream, LinkError> {
         }
         std::thread::sleep(CONNECT_PAUSE);
     }
-    Err(last.unwrap_or_else(|| io::ErrorKind::TimedOut.into()).into())
+    Err(last
+        .unwrap_or_else(|| io::ErrorKind::TimedOut.into())
+        .into())
 }
 
 /// Reads at most `max` bytes (at least one unless EOF) before `deadline`; empty at EOF.

@@ -69,7 +69,9 @@ impl Pool {
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     // A job that panicked poisons nothing we rely on: the queue is consistent between calls.
-    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn worker(inner: &Inner) {

@@ -27,6 +27,12 @@ pub(crate) type Tag = u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OpId(u64);
 
+/// `IORING_RECVSEND_POLL_FIRST` (5.19+; older kernels ignore it).
+const RECVSEND_POLL_FIRST: u16 = 1;
+/// Transfers at least this large run in the kernel's io-wq workers (`IOSQE_ASYNC`), so the
+/// socket copies of several large transfers proceed on several cores instead of all in the
+/// ring thread's task work.
+const ASYNC_BYTES: usize = 1 << 20;
 /// Most buffers passed to one `sendmsg`.
 const MAX_IOVECS: usize = 64;
 /// How long [`Ring`]'s drop waits for cancelled operations.
@@ -177,10 +183,14 @@ impl Ring {
     /// Accepts one connection on `listener` (the fd must stay open until the completion).
     pub(crate) fn accept(&mut self, tag: Tag, listener: RawFd) -> OpId {
         let (user_data, _) = self.slot(tag, Owned::Accept);
-        let entry = opcode::Accept::new(types::Fd(listener), std::ptr::null_mut(), std::ptr::null_mut())
-            .flags(libc::SOCK_CLOEXEC)
-            .build()
-            .user_data(user_data);
+        let entry = opcode::Accept::new(
+            types::Fd(listener),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .flags(libc::SOCK_CLOEXEC)
+        .build()
+        .user_data(user_data);
         // SAFETY: no buffers (null address out-parameters).
         unsafe { self.push(entry) };
         OpId(user_data)
@@ -205,11 +215,21 @@ impl Ring {
         // SAFETY: `reserve` made `want` bytes of capacity past `len`; the pointer stays in
         // bounds of that allocation.
         let spare = unsafe { buf.as_mut_ptr().add(buf.len()) };
-        let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
-        let entry = opcode::Recv::new(types::Fd(fd), spare, want as u32)
+        // Between messages (right after a response went out) the next request is rarely there
+        // yet: wait for readiness first instead of trying a receive that fails.
+        let (flags, ioprio) = if wait_all {
+            (libc::MSG_WAITALL, 0)
+        } else {
+            (0, RECVSEND_POLL_FIRST)
+        };
+        let mut entry = opcode::Recv::new(types::Fd(fd), spare, want as u32)
             .flags(flags)
+            .ioprio(ioprio)
             .build()
             .user_data(user_data);
+        if want >= ASYNC_BYTES {
+            entry = entry.flags(squeue::Flags::ASYNC);
+        }
         // SAFETY: the `BytesMut` is owned by the slot until the completion is reaped, and is not
         // touched meanwhile; its heap allocation does not move with it.
         unsafe { self.push(entry) };
@@ -239,6 +259,7 @@ impl Ring {
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = iov.len() as _;
         let msg_ptr: *const libc::msghdr = &*msg;
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
         let (user_data, _) = self.slot(
             tag,
             Owned::Send {
@@ -251,6 +272,9 @@ impl Ring {
             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
             .build()
             .user_data(user_data);
+        if total >= ASYNC_BYTES {
+            entry = entry.flags(squeue::Flags::ASYNC);
+        }
         if let Some(timeout) = timeout {
             entry = entry.flags(squeue::Flags::IO_LINK);
             // SAFETY: the msghdr, the iovecs and the `Bytes` they point into are owned by the
@@ -259,7 +283,9 @@ impl Ring {
             let ts = Box::new(types::Timespec::from(timeout));
             let ts_ptr: *const types::Timespec = &*ts;
             let (timer_data, _) = self.slot(0, Owned::Internal { _ts: Some(ts) });
-            let link = opcode::LinkTimeout::new(ts_ptr).build().user_data(timer_data);
+            let link = opcode::LinkTimeout::new(ts_ptr)
+                .build()
+                .user_data(timer_data);
             // SAFETY: the timespec is owned by the link timeout's own slot.
             unsafe { self.push(link) };
         } else {

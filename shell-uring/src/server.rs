@@ -52,6 +52,8 @@ const READ_SIZE: usize = 64 * 1024;
 const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause after a failed accept (out of file descriptors and similar).
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// Data chunks kept for reuse per streaming connection.
+const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 512;
 /// Most blocking threads.
@@ -324,9 +326,9 @@ impl Server {
 
 /// Checks that this kernel lets this process use io_uring with the operations the server needs.
 pub fn probe() -> io::Result<()> {
-    Ring::new(8)
-        .map(drop)
-        .map_err(|error| io::Error::new(error.kind(), format!("io_uring is not available: {error}")))
+    Ring::new(8).map(drop).map_err(|error| {
+        io::Error::new(error.kind(), format!("io_uring is not available: {error}"))
+    })
 }
 
 /// How a connection ended (for the log).
@@ -361,6 +363,10 @@ struct Conn {
     op: Option<(OpId, OpKind)>,
     /// Streamed data received while the core was away.
     stash: Option<(BytesMut, io::Result<usize>)>,
+    /// The last data chunks handed to the session: once the backend has written them and
+    /// dropped its slices, their memory receives the next chunks (no fresh pages to fault in
+    /// for every chunk). Released when the streamed write ends.
+    held: Vec<Bytes>,
     after_send: AfterSend,
     /// What the blocking thread returned while an operation was still in flight.
     parked: Option<Stop>,
@@ -537,6 +543,7 @@ impl Loop {
             read_buf: BytesMut::new(),
             op: None,
             stash: None,
+            held: Vec::new(),
             after_send: AfterSend::Continue,
             parked: None,
             ending: None,
@@ -695,12 +702,12 @@ impl Loop {
             let want = usize::try_from(remaining)
                 .unwrap_or(usize::MAX)
                 .min(self.shared.stream_chunk);
-            let op = self
-                .ring
-                .recv(tag, fd, BytesMut::with_capacity(want), want, true);
+            let buf = stream_buffer(&mut conn.held, want);
+            let op = self.ring.recv(tag, fd, buf, want, true);
             conn.op = Some((op, OpKind::Stream));
             return;
         }
+        conn.held.clear();
         if self.stopping {
             return self.finish(tag, Ending::Shutdown);
         }
@@ -727,9 +734,8 @@ impl Loop {
                 .unwrap_or(usize::MAX)
                 .min(self.shared.stream_chunk);
             let fd = conn.stream.as_raw_fd();
-            let op = self
-                .ring
-                .recv(tag, fd, BytesMut::with_capacity(want), want, true);
+            let buf = stream_buffer(&mut conn.held, want);
+            let op = self.ring.recv(tag, fd, buf, want, true);
             conn.op = Some((op, OpKind::Stream));
         }
         let mailbox = self.mailbox.clone();
@@ -749,9 +755,7 @@ impl Loop {
         };
         let bufs = std::mem::take(&mut core.outbox);
         conn.after_send = after;
-        let op = self
-            .ring
-            .send(tag, conn.stream.as_raw_fd(), bufs, timeout);
+        let op = self.ring.send(tag, conn.stream.as_raw_fd(), bufs, timeout);
         conn.op = Some((op, OpKind::Send));
     }
 
@@ -785,10 +789,9 @@ impl Loop {
         }
         if !bufs.is_empty() {
             // A partial send: the rest goes out in the next one.
-            let timeout = matches!(conn.after_send, AfterSend::Close(_)).then_some(FINAL_FLUSH_TIMEOUT);
-            let op = self
-                .ring
-                .send(tag, conn.stream.as_raw_fd(), bufs, timeout);
+            let timeout =
+                matches!(conn.after_send, AfterSend::Close(_)).then_some(FINAL_FLUSH_TIMEOUT);
+            let op = self.ring.send(tag, conn.stream.as_raw_fd(), bufs, timeout);
             conn.op = Some((op, OpKind::Send));
             return;
         }
@@ -876,7 +879,12 @@ impl Loop {
             Ok(_) => {
                 // A short receive (the stream ended, or the kernel stopped early) is handed over
                 // as it is; the next receive asks for the rest.
-                core.session.handle_input(buf.freeze());
+                let data = buf.freeze();
+                if conn.held.len() >= HELD_CHUNKS {
+                    conn.held.remove(0);
+                }
+                conn.held.push(data.clone());
+                core.session.handle_input(data);
                 self.advance(tag, None);
             }
             Err(error) => self.finish(tag, Ending::Io(error)),
@@ -894,7 +902,10 @@ impl Loop {
             conn.ending = Some(Ending::Protocol(error));
             return;
         }
-        let owed = conn.core.as_ref().is_some_and(|core| !core.outbox.is_empty());
+        let owed = conn
+            .core
+            .as_ref()
+            .is_some_and(|core| !core.outbox.is_empty());
         if owed {
             self.send_outbox(
                 tag,
@@ -934,6 +945,20 @@ impl Loop {
             ),
         }
     }
+}
+
+/// A buffer for the next `want` bytes of streamed data: the memory of a chunk the backend is
+/// done with when there is one, a fresh allocation otherwise.
+fn stream_buffer(held: &mut Vec<Bytes>, want: usize) -> BytesMut {
+    while let Some(position) = held.iter().position(Bytes::is_unique) {
+        if let Ok(mut buf) = held.swap_remove(position).try_into_mut() {
+            buf.clear();
+            if buf.capacity() >= want {
+                return buf;
+            }
+        }
+    }
+    BytesMut::with_capacity(want)
 }
 
 /// `None` for [`Stop::Idle`] (the core is driven again), the stop itself otherwise.

@@ -488,30 +488,35 @@ pub fn start_b11739_server(
 // ---------------------------------------------------------------------------------------------
 // Our server
 
-/// Our server (shell-tokio `serve` over a `CpuBackend`) on 127.0.0.1:0, in this process, on a
-/// runtime of its own. Dropping it shuts it down.
+/// Our server (a `CpuBackend` behind one of our shells) on 127.0.0.1:0, in this process, on
+/// the shell's own threads. Dropping it shuts it down.
 pub struct OurServer {
     /// Where it listens.
     pub addr: SocketAddr,
     /// Its backend (to check that buffers are given back).
     pub backend: Arc<backend_cpu::CpuBackend>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
+    /// The shell serving it.
+    pub shell: &'static str,
+    server: Option<ggml_rpc_server::shells::RunningServer>,
+}
+
+/// Every shell of this build: the interop tests against llama.cpp run once per shell, since a
+/// behaviour difference between shells is a bug.
+pub fn shells() -> Vec<&'static str> {
+    ggml_rpc_server::shells::names()
 }
 
 impl OurServer {
-    /// Starts a server speaking `version` (7.0.0 or 8.0.0), optionally with a tensor cache
-    /// directory.
+    /// Starts a server speaking `version` (7.0.0 or 8.0.0) on the default shell, optionally
+    /// with a tensor cache directory.
     pub fn start(version: ProtocolVersion, cache_dir: Option<&Path>) -> OurServer {
+        OurServer::start_on(ggml_rpc_server::shells::DEFAULT_SHELL, version, cache_dir)
+    }
+
+    /// Starts a server on the shell called `shell`.
+    pub fn start_on(shell: &str, version: ProtocolVersion, cache_dir: Option<&Path>) -> OurServer {
         init_logging();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("local_addr");
         let backend = Arc::new(backend_cpu::CpuBackend::new(backend_cpu::CpuConfig {
             threads: 2,
@@ -521,18 +526,14 @@ impl OurServer {
             let cache = shell_tokio::FsTensorCache::open(dir).expect("open tensor cache");
             config.tensor_cache = Some(Arc::new(cache));
         }
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = backend.clone() as Arc<dyn proto_core::backend::Backend>;
-        let thread = std::thread::spawn(move || {
-            runtime.block_on(shell_tokio::serve(listener, served, config, async move {
-                let _ = stopped.await;
-            }))
-        });
+        let server = ggml_rpc_server::shells::start(shell, listener, served, config)
+            .unwrap_or_else(|error| panic!("starting our server on the {shell} shell: {error:#}"));
         OurServer {
             addr,
             backend,
-            stop: Some(stop),
-            thread: Some(thread),
+            shell: server.shell(),
+            server: Some(server),
         }
     }
 
@@ -547,7 +548,8 @@ impl OurServer {
         while self.backend.live_buffers() != 0 {
             assert!(
                 start.elapsed() < timeout,
-                "our server still holds {} buffers ({} bytes) after the clients left",
+                "our server ({} shell) still holds {} buffers ({} bytes) after the clients left",
+                self.shell,
                 self.backend.live_buffers(),
                 self.backend.used_bytes()
             );
@@ -558,17 +560,9 @@ impl OurServer {
 
 impl Drop for OurServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            // `serve` returns within its shutdown grace (5 s); do not hang if it does not.
-            let start = Instant::now();
-            while !thread.is_finished() && start.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if thread.is_finished() {
-                let _ = thread.join();
+        if let Some(server) = self.server.take() {
+            if let Err(error) = server.shutdown() {
+                eprintln!("our server ({} shell) failed: {error:#}", self.shell);
             }
         }
     }

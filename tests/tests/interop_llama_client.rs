@@ -64,59 +64,62 @@ fn llama_multi_server_script_against_our_server_protocol_7() {
         "the upstream scenario fails with upstream's own server ({status}):\n{output}"
     );
 
-    // Ours: the script starts `<server> --device CPU --host 127.0.0.1 --port P` twice; the
-    // wrapper adds --protocol 7 and keeps a copy of each server's stderr (the script deletes
-    // its logs, and greps server B's for "invalid data ptr", so stderr still goes there too).
+    // Ours, on every shell.
     let server = harness::our_server_binary();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wrapper = dir.path().join("our-ggml-rpc-server");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/bash\nexec '{}' --protocol 7 \"$@\" 2> >(tee -a '{}'/server-$$.log >&2)\n",
-            server.display(),
-            dir.path().display()
-        ),
-    )
-    .expect("write wrapper");
-    let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&wrapper, perms).unwrap();
-    let mut ours = Command::new("bash");
-    ours.arg(&script)
-        .arg(&wrapper)
-        .arg(&client)
-        .env("GGML_RPC_NO_RDMA", "1");
-    let (status, output) = harness::run_with_timeout(
-        "test-rpc-multi-server.sh (our server)",
-        &mut ours,
-        Duration::from_secs(120),
-    );
-    let mut logs = String::new();
-    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("server-") {
-            logs.push_str(&format!(
-                "--- {}:\n{}\n",
-                entry.file_name().to_string_lossy(),
-                std::fs::read_to_string(entry.path()).unwrap_or_default()
-            ));
+    for shell in harness::shells() {
+        // The script starts `<server> --device CPU --host 127.0.0.1 --port P` twice; the
+        // wrapper adds --protocol 7 and the shell, and keeps a copy of each server's stderr (the script deletes
+        // its logs, and greps server B's for "invalid data ptr", so stderr still goes there too).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wrapper = dir.path().join("our-ggml-rpc-server");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/bash\nexec '{}' --protocol 7 --shell {shell} \"$@\" 2> >(tee -a '{}'/server-$$.log >&2)\n",
+                server.display(),
+                dir.path().display()
+            ),
+        )
+        .expect("write wrapper");
+        let mut perms = std::fs::metadata(&wrapper).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&wrapper, perms).unwrap();
+        let mut ours = Command::new("bash");
+        ours.arg(&script)
+            .arg(&wrapper)
+            .arg(&client)
+            .env("GGML_RPC_NO_RDMA", "1");
+        let (status, output) = harness::run_with_timeout(
+            &format!("test-rpc-multi-server.sh (our server, {shell} shell)"),
+            &mut ours,
+            Duration::from_secs(120),
+        );
+        let mut logs = String::new();
+        for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("server-") {
+                logs.push_str(&format!(
+                    "--- {}:\n{}\n",
+                    entry.file_name().to_string_lossy(),
+                    std::fs::read_to_string(entry.path()).unwrap_or_default()
+                ));
+            }
         }
+        assert!(
+            status.success(),
+            "upstream's test-rpc-multi-server.sh fails with our ggml-rpc-server --protocol 7 \
+             --shell {shell} ({status}):\n{output}\nour server logs:\n{logs}"
+        );
+        eprintln!("our server logs:\n{logs}");
+        // Both servers really ran, served a client, and closed nothing because of an error.
+        assert!(
+            logs.matches("Accepted client connection").count() >= 2,
+            "our server logs:\n{logs}"
+        );
+        assert!(
+            !logs.contains("WARN") && !logs.contains("ERROR"),
+            "our server logged problems:\n{logs}"
+        );
     }
-    assert!(
-        status.success(),
-        "upstream's test-rpc-multi-server.sh fails with our ggml-rpc-server --protocol 7 \
-         ({status}):\n{output}\nour server logs:\n{logs}"
-    );
-    eprintln!("our server logs:\n{logs}");
-    // Both servers really ran, served a client, and closed nothing because of an error.
-    assert!(
-        logs.matches("Accepted client connection").count() >= 2,
-        "our server logs:\n{logs}"
-    );
-    assert!(
-        !logs.contains("WARN") && !logs.contains("ERROR"),
-        "our server logged problems:\n{logs}"
-    );
 }
 
 #[test]
@@ -136,24 +139,31 @@ fn llama_c_client_against_our_server_protocol_7() {
     server.assert_alive("after the C check");
     drop(server);
 
-    // Ours, twice on one server (the second run finds the weight in the tensor cache).
-    let ours_cache = tempfile::tempdir().expect("tempdir");
-    let ours = OurServer::start(ProtocolVersion::V7_0_0, Some(ours_cache.path()));
-    let first = harness::run_c_check(
-        &peer,
-        &ours.endpoint(),
-        &["--big", "64"],
-        "our server (protocol 7)",
-    );
-    assert_same_facts(&theirs, &first, "protocol 7, C client");
-    let second = harness::run_c_check(
-        &peer,
-        &ours.endpoint(),
-        &[],
-        "our server (protocol 7), second run",
-    );
-    assert_same_facts(&theirs, &second, "protocol 7, C client, second run");
-    ours.wait_no_buffers(Duration::from_secs(10));
+    // Ours on every shell, twice on one server (the second run finds the weight in the tensor
+    // cache).
+    for shell in harness::shells() {
+        let ours_cache = tempfile::tempdir().expect("tempdir");
+        let ours = OurServer::start_on(shell, ProtocolVersion::V7_0_0, Some(ours_cache.path()));
+        let first = harness::run_c_check(
+            &peer,
+            &ours.endpoint(),
+            &["--big", "64"],
+            &format!("our server (protocol 7, {shell} shell)"),
+        );
+        assert_same_facts(&theirs, &first, &format!("protocol 7, C client, {shell}"));
+        let second = harness::run_c_check(
+            &peer,
+            &ours.endpoint(),
+            &[],
+            &format!("our server (protocol 7, {shell} shell), second run"),
+        );
+        assert_same_facts(
+            &theirs,
+            &second,
+            &format!("protocol 7, C client, {shell}, second run"),
+        );
+        ours.wait_no_buffers(Duration::from_secs(10));
+    }
 }
 
 #[test]
@@ -172,23 +182,33 @@ fn llama_py_client_against_our_server_protocol_8() {
     server.assert_alive("after the Python check");
     drop(server);
 
-    let ours_cache = tempfile::tempdir().expect("tempdir");
-    let ours = OurServer::start(ProtocolVersion::V8_0_0, Some(ours_cache.path()));
-    let first = harness::run_py_check(
-        &peer,
-        &ours.endpoint(),
-        &["--big", "64"],
-        "our server (protocol 8)",
-    );
-    assert_same_facts(&theirs, &first, "protocol 8, Python client");
-    let second = harness::run_py_check(
-        &peer,
-        &ours.endpoint(),
-        &[],
-        "our server (protocol 8), second run",
-    );
-    assert_same_facts(&theirs, &second, "protocol 8, Python client, second run");
-    ours.wait_no_buffers(Duration::from_secs(10));
+    for shell in harness::shells() {
+        let ours_cache = tempfile::tempdir().expect("tempdir");
+        let ours = OurServer::start_on(shell, ProtocolVersion::V8_0_0, Some(ours_cache.path()));
+        let first = harness::run_py_check(
+            &peer,
+            &ours.endpoint(),
+            &["--big", "64"],
+            &format!("our server (protocol 8, {shell} shell)"),
+        );
+        assert_same_facts(
+            &theirs,
+            &first,
+            &format!("protocol 8, Python client, {shell}"),
+        );
+        let second = harness::run_py_check(
+            &peer,
+            &ours.endpoint(),
+            &[],
+            &format!("our server (protocol 8, {shell} shell), second run"),
+        );
+        assert_same_facts(
+            &theirs,
+            &second,
+            &format!("protocol 8, Python client, {shell}, second run"),
+        );
+        ours.wait_no_buffers(Duration::from_secs(10));
+    }
 }
 
 /// Runs every compute case of a check program against `endpoint`; returns the failures.
@@ -251,19 +271,22 @@ fn llama_c_client_computes_on_our_server_protocol_7() {
     );
     drop(server);
 
-    let ours = OurServer::start(ProtocolVersion::V7_0_0, None);
-    let endpoint = ours.endpoint();
-    let failures = compute_failures(&cases, "our server", |case| {
-        harness::run_c(&peer, &[&endpoint, "--compute", case])
-    });
-    assert!(
-        failures.is_empty(),
-        "{} of {} graphs from llama.cpp's client (protocol 7) fail on our server:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
-    ours.wait_no_buffers(Duration::from_secs(10));
+    for shell in harness::shells() {
+        let ours = OurServer::start_on(shell, ProtocolVersion::V7_0_0, None);
+        let endpoint = ours.endpoint();
+        let failures = compute_failures(&cases, &format!("our server ({shell})"), |case| {
+            harness::run_c(&peer, &[&endpoint, "--compute", case])
+        });
+        assert!(
+            failures.is_empty(),
+            "{} of {} graphs from llama.cpp's client (protocol 7) fail on our server ({shell} \
+             shell):\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
+        ours.wait_no_buffers(Duration::from_secs(10));
+    }
 }
 
 /// The same with b11739's client (protocol 8: graph uids, asynchronous compute on the server).
@@ -289,17 +312,20 @@ fn llama_py_client_computes_on_our_server_protocol_8() {
     );
     drop(server);
 
-    let ours = OurServer::start(ProtocolVersion::V8_0_0, None);
-    let endpoint = ours.endpoint();
-    let failures = compute_failures(&cases, "our server", |case| {
-        harness::run_py(&peer, &[&endpoint, "--compute", case])
-    });
-    assert!(
-        failures.is_empty(),
-        "{} of {} graphs from llama.cpp's client (protocol 8) fail on our server:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
-    ours.wait_no_buffers(Duration::from_secs(10));
+    for shell in harness::shells() {
+        let ours = OurServer::start_on(shell, ProtocolVersion::V8_0_0, None);
+        let endpoint = ours.endpoint();
+        let failures = compute_failures(&cases, &format!("our server ({shell})"), |case| {
+            harness::run_py(&peer, &[&endpoint, "--compute", case])
+        });
+        assert!(
+            failures.is_empty(),
+            "{} of {} graphs from llama.cpp's client (protocol 8) fail on our server ({shell} \
+             shell):\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
+        ours.wait_no_buffers(Duration::from_secs(10));
+    }
 }

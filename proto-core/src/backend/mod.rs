@@ -67,6 +67,13 @@ pub trait Backend: Send + Sync {
     fn write(&self, at: TensorLocation, data: &[u8]) -> Result<()>;
     /// Reads `out.len()` bytes from a location.
     fn read(&self, at: TensorLocation, out: &mut [u8]) -> Result<()>;
+    /// Reads `len` bytes from a location into a new buffer (a reply piece). The default
+    /// zero-fills a buffer and calls [`Backend::read`]; host-memory backends copy once instead.
+    fn read_bytes(&self, at: TensorLocation, len: usize) -> Result<bytes::Bytes> {
+        let mut data = vec![0u8; len];
+        self.read(at, &mut data)?;
+        Ok(data.into())
+    }
     /// Sets `len` bytes at a location to `value`.
     fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()>;
     /// Copies `len` bytes between buffers of this backend; `Ok(false)` if this pair of buffers

@@ -19,7 +19,7 @@ use crate::graph::{Graph, GraphLimits};
 use crate::session::{ServerEvent, ServerSession, TensorWrite};
 use crate::tensor_cache::{CacheWriter, Fnv1a64, TensorCache};
 use crate::wire::{
-    Command, CommInitRequest, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
+    CommInitRequest, Command, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
     Tensor2dHeader, HELLO_FLAG_TENSOR_CACHE,
 };
 
@@ -317,7 +317,11 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 // reply is never larger than the tensor it reads.
                 let (_, byte_size) = self.buffers.resolve_in_buffer(&header.tensor)?;
                 if total > byte_size {
-                    return Err(Error::MessageTooLarge { command, limit: byte_size, got: total });
+                    return Err(Error::MessageTooLarge {
+                        command,
+                        limit: byte_size,
+                        got: total,
+                    });
                 }
                 let rows = WriteTarget::Rows {
                     first,
@@ -423,7 +427,12 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
 
     /// A data reply: built at once when small, streamed otherwise.
     fn reply_with_data(&self, command: Command, target: WriteTarget, len: u64) -> Result<Outcome> {
-        let mut stream = TensorReadStream { command, target, len, produced: 0 };
+        let mut stream = TensorReadStream {
+            command,
+            target,
+            len,
+            produced: 0,
+        };
         if len > MAX_REPLY_CHUNK {
             return Ok(Outcome::RespondStream(stream));
         }
@@ -441,22 +450,42 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         if remaining == 0 {
             return Ok(None);
         }
-        let mut data = vec![0u8; to_usize(remaining.min(MAX_REPLY_CHUNK))?];
+        let piece = to_usize(remaining.min(MAX_REPLY_CHUNK))?;
+        if let WriteTarget::Contiguous(at) = stream.target {
+            let at = TensorLocation {
+                buffer: at.buffer,
+                offset: at.offset + stream.produced,
+            };
+            let data = self.backend.read_bytes(at, piece)?;
+            stream.produced += piece as u64;
+            return Ok(Some(data));
+        }
+        let mut data = vec![0u8; piece];
         let mut filled = 0usize;
         while filled < data.len() {
             let position = stream.produced + filled as u64;
             let (at, take) = match stream.target {
                 WriteTarget::Contiguous(at) => (
-                    TensorLocation { buffer: at.buffer, offset: at.offset + position },
+                    TensorLocation {
+                        buffer: at.buffer,
+                        offset: at.offset + position,
+                    },
                     data.len() - filled,
                 ),
-                WriteTarget::Rows { first, size, stride } => {
+                WriteTarget::Rows {
+                    first,
+                    size,
+                    stride,
+                } => {
                     let (row, within) = (position / size, position % size);
                     let at = TensorLocation {
                         buffer: first.buffer,
                         offset: first.offset + row * stride + within,
                     };
-                    (at, (size - within).min((data.len() - filled) as u64) as usize)
+                    (
+                        at,
+                        (size - within).min((data.len() - filled) as u64) as usize,
+                    )
                 }
             };
             self.backend.read(at, &mut data[filled..filled + take])?;

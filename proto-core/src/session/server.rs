@@ -263,18 +263,26 @@ impl ServerSession {
     /// [`send_response_data`](Self::send_response_data), so a large GET_TENSOR never needs the
     /// whole tensor in memory. Only for GET_TENSOR and GET_TENSOR_2D.
     pub fn begin_response_stream(&mut self, command: Command, len: u64) -> Result<()> {
-        let pending = self.pending.as_mut().ok_or(Error::InvalidState("no response is owed"))?;
+        let pending = self
+            .pending
+            .as_mut()
+            .ok_or(Error::InvalidState("no response is owed"))?;
         if pending.command != command
             || pending.streaming.is_some()
             || !matches!(command, Command::GetTensor | Command::GetTensor2d)
         {
-            return Err(Error::InvalidState("stream does not answer the pending request"));
+            return Err(Error::InvalidState(
+                "stream does not answer the pending request",
+            ));
         }
         if pending.expected_len != Some(len) {
-            return Err(Error::InvalidState("response length differs from the request"));
+            return Err(Error::InvalidState(
+                "response length differs from the request",
+            ));
         }
         pending.streaming = Some(len);
-        self.transmit.push_back(Bytes::copy_from_slice(&len.to_le_bytes()));
+        self.transmit
+            .push_back(Bytes::copy_from_slice(&len.to_le_bytes()));
         if len == 0 {
             self.pending = None;
         }
@@ -284,8 +292,13 @@ impl ServerSession {
     /// Queues the next piece of a streamed reply; the reply is complete when all its bytes
     /// were queued.
     pub fn send_response_data(&mut self, data: Bytes) -> Result<()> {
-        let pending = self.pending.as_mut().ok_or(Error::InvalidState("no response is owed"))?;
-        let remaining = pending.streaming.ok_or(Error::InvalidState("no streamed reply"))?;
+        let pending = self
+            .pending
+            .as_mut()
+            .ok_or(Error::InvalidState("no response is owed"))?;
+        let remaining = pending
+            .streaming
+            .ok_or(Error::InvalidState("no streamed reply"))?;
         let len = data.len() as u64;
         if len > remaining {
             return Err(Error::InvalidState("streamed reply longer than announced"));
@@ -302,7 +315,9 @@ impl ServerSession {
 
     /// Queues the response to the request that owes one.
     pub fn send_response(&mut self, response: &Response) -> Result<()> {
-        let pending = self.pending.ok_or(Error::InvalidState("no response is owed"))?;
+        let pending = self
+            .pending
+            .ok_or(Error::InvalidState("no response is owed"))?;
         if pending.streaming.is_some() {
             return Err(Error::InvalidState("a streamed reply is in progress"));
         }

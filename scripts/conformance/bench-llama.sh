@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# llama-bench --rpc (pp64, tg32) on the tiny conformance models and a synthetic ~110M
+# parameter llama (Q8_0, Q4_0): our server against llama.cpp's ggml-rpc-server in one
+# llama-bench run, with the ratio ours/reference.
+#
+# usage: scripts/conformance/bench-llama.sh [options]
+#   --reference-only   benchmark two reference servers against each other (validates the
+#                      script; ratios should be ~1)
+#   --server-cmd CMD   our server ({port} replaced, else "-p PORT" appended; "-t THREADS"
+#                      is not added). Default: target/release/ggml-rpc-server --protocol 7
+#                      -t THREADS -p {port}
+#   --models LIST      GGUF paths (default: tiny f32,f16,q8_0,q4_0,q4_k + bench q8_0,q4_0)
+#   --tiny-only        skip the ~110M model
+#   --threads N        compute threads of both servers (default 1)
+#   -r N               repetitions (default 3)
+#   -p N / -n N        prompt / generation lengths (default 64 / 32)
+#   --fa on|off|auto   flash attention (default off)
+#   --logdir DIR       default target/conformance/bench
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+mode=ours server_cmd="" models="" tiny_only=0 threads=1 reps=3 pp=64 tg=32 fa=off
+logdir="$CONF_OUT/bench"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --reference-only) mode=reference; shift ;;
+        --server-cmd) server_cmd=$2; shift 2 ;;
+        --models) models=$2; shift 2 ;;
+        --tiny-only) tiny_only=1; shift ;;
+        --threads) threads=$2; shift 2 ;;
+        -r) reps=$2; shift 2 ;;
+        -p) pp=$2; shift 2 ;;
+        -n) tg=$2; shift 2 ;;
+        --fa) fa=$2; shift 2 ;;
+        --logdir) logdir=$2; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) conf_die "unknown option $1 (see --help)" ;;
+    esac
+done
+
+conf_check_peer
+[ -x "$PEER_BIN/llama-bench" ] || conf_die "$PEER_BIN/llama-bench missing"
+
+if [ -z "$models" ]; then
+    mdir="$CONF_OUT/models"
+    py=$(conf_python)
+    "$py" "$CONF_DIR/make-models.py" --out "$mdir" --preset tiny >&2 || conf_die "make-models.py failed"
+    for t in f32 f16 q8_0 q4_0 q4_k; do models+="${models:+,}$mdir/tiny-llama-$t.gguf"; done
+    if [ "$tiny_only" = 0 ]; then
+        "$py" "$CONF_DIR/make-models.py" --out "$mdir" --preset bench --types q8_0,q4_0 >&2 \
+            || conf_die "make-models.py failed"
+        models+=",$mdir/bench-llama-q8_0.gguf,$mdir/bench-llama-q4_0.gguf"
+    fi
+fi
+
+ref_cmd="$PEER_BIN/ggml-rpc-server -t $threads -p {port}"
+if [ "$mode" = reference ]; then
+    a_cmd=$ref_cmd a_name=reference-A b_name=reference-B
+else
+    if [ -z "$server_cmd" ]; then
+        conf_build_our_server
+        server_cmd="$OUR_SERVER --protocol 7 -t $threads -p {port}"
+    fi
+    a_cmd=$server_cmd a_name=ours b_name=reference
+fi
+
+exec python3 -B "$CONF_DIR/bench_run.py" --bench "$PEER_BIN/llama-bench" --a-cmd "$a_cmd" \
+    --b-cmd "$ref_cmd" --a-name "$a_name" --b-name "$b_name" --models "$models" \
+    -p "$pp" -n "$tg" -r "$reps" --fa "$fa" --logdir "$logdir"
