@@ -455,8 +455,9 @@ async fn set_tensor_data_reaches_the_backend_in_chunks_of_at_most_16_mib(shell: 
     let writes = backend.writes.lock().unwrap().clone();
     assert_eq!(writes.iter().sum::<usize>(), len);
     assert!(writes.iter().all(|&w| w <= 16 << 20), "{writes:?}");
-    // Streamed in few, large pieces: not one write per socket read.
-    assert!(writes.len() <= 6, "{writes:?}");
+    // Streamed in few, large pieces (each shell reads 8 MiB at a time while data streams),
+    // not one write per 64 KiB socket read.
+    assert!(writes.len() <= 12, "{writes:?}");
     drop(client);
     common::shutdown(server).await;
 }

@@ -20,7 +20,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-mode=ours server_cmd="" models="" tiny_only=0 threads=1 reps=3 pp=64 tg=32 fa=off
+mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=3 pp=64 tg=32 fa=off
 logdir="$CONF_OUT/bench"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -61,10 +61,11 @@ else
     if [ -z "$server_cmd" ]; then
         conf_build_our_server
         server_cmd="$OUR_SERVER --protocol 7 -t $threads -p {port}"
+        note="ours: $OUR_SERVER_DESC"
     fi
     a_cmd=$server_cmd a_name=ours b_name=reference
 fi
 
 exec python3 -B "$CONF_DIR/bench_run.py" --bench "$PEER_BIN/llama-bench" --a-cmd "$a_cmd" \
     --b-cmd "$ref_cmd" --a-name "$a_name" --b-name "$b_name" --models "$models" \
-    -p "$pp" -n "$tg" -r "$reps" --fa "$fa" --logdir "$logdir"
+    -p "$pp" -n "$tg" -r "$reps" --fa "$fa" --logdir "$logdir" --note "$note"

@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--client-threads", default="2")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--logdir", default="target/conformance/bench")
+    ap.add_argument("--note", default="", help="printed under the table title (e.g. our server build)")
     args = ap.parse_args()
     os.makedirs(args.logdir, exist_ok=True)
 
@@ -95,6 +96,8 @@ def main() -> int:
         b.stop()
 
     print(f"\nllama-bench via RPC: {args.a_name} (A) vs {args.b_name} (B), -r {args.r}, -fa {args.fa}, tokens/s")
+    if args.note:
+        print(args.note)
     hdr = f"{'model':<24} {'params':>8} {'test':<6} {args.a_name + ' t/s':>16} {args.b_name + ' t/s':>16} {'A/B':>6}"
     print(hdr)
     print("-" * len(hdr))

@@ -51,7 +51,7 @@ if [ -z "$models" ]; then
     for t in "${tl[@]}"; do models+="${models:+,}$mdir/tiny-llama-$t.gguf"; done
 fi
 
-srv=()
+srv=() note=""
 case ",$targets," in
     *,ours,*)
         if [ -n "$endpoint" ]; then
@@ -60,6 +60,7 @@ case ",$targets," in
             if [ -z "$server_cmd" ]; then
                 conf_build_our_server
                 server_cmd="$OUR_SERVER --protocol 7 -p {port}"
+                note="ours: $OUR_SERVER_DESC"
             fi
             srv+=(--our-cmd "$server_cmd")
         fi ;;
@@ -68,4 +69,4 @@ srv+=(--ref-cmd "$PEER_BIN/ggml-rpc-server -p {port}")
 
 exec python3 -B "$CONF_DIR/e2e_run.py" --completion "$PEER_BIN/llama-completion" --probe "$PROBE" \
     --shim "$SHIM" --models "$models" --fa "$fa" --targets "$targets" -n "$n" \
-    --logdir "$logdir" "${srv[@]}" "${extra[@]}"
+    --logdir "$logdir" --note "$note" "${srv[@]}" "${extra[@]}"

@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("--tie-margin", type=float, default=0.02)
     ap.add_argument("--no-probe", action="store_true", help="llama-completion text only")
     ap.add_argument("--logdir", default="target/conformance/e2e")
+    ap.add_argument("--note", default="", help="printed under the table title (e.g. our server build)")
     args = ap.parse_args()
 
     os.makedirs(args.logdir, exist_ok=True)
@@ -182,6 +183,8 @@ def main() -> int:
             s.stop()
 
     print(f"\nend-to-end greedy generation (-n {args.n}, prompt {args.prompt!r}), baseline: {baseline}")
+    if args.note:
+        print(args.note)
     others = [t for t in targets if t != baseline]
     hdr = f"{'model':<18} {'fa':<4}" + "".join(f" | {t + ' vs ' + baseline:<44}" for t in others)
     print(hdr)

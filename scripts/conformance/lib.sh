@@ -21,14 +21,28 @@ conf_check_peer() {
 }
 
 # conf_build_our_server: build target/release/ggml-rpc-server if it is missing
-# (set CONFORMANCE_REBUILD=1 to always run cargo, which is a no-op when up to date).
+# (set CONFORMANCE_REBUILD=1 to always run cargo, which is a no-op when up to date), then
+# point OUR_SERVER at a content-addressed snapshot copy in $CONF_OUT/build, so that a
+# rebuild in the shared target dir during a long run cannot swap the binary under a server
+# restart. Snapshots older than a day are removed.
 conf_build_our_server() {
-    if [ -x "$OUR_SERVER" ] && [ "${CONFORMANCE_REBUILD:-0}" != 1 ]; then
-        return 0
+    if [ ! -x "$OUR_SERVER" ] || [ "${CONFORMANCE_REBUILD:-0}" = 1 ]; then
+        conf_log "building our server: cargo build --release -p ggml-rpc-server"
+        (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server) || conf_die "cargo build failed"
+        [ -x "$OUR_SERVER" ] || conf_die "$OUR_SERVER missing after the build"
     fi
-    conf_log "building our server: cargo build --release -p ggml-rpc-server"
-    (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server) || conf_die "cargo build failed"
-    [ -x "$OUR_SERVER" ] || conf_die "$OUR_SERVER missing after the build"
+    local build="$CONF_OUT/build" sum snap
+    mkdir -p "$build"
+    sum=$(sha256sum "$OUR_SERVER" | cut -c1-12)
+    snap="$build/ggml-rpc-server-$sum"
+    find "$build" -maxdepth 1 -name 'ggml-rpc-server-*' -mtime +1 -delete 2>/dev/null || true
+    if [ ! -x "$snap" ]; then
+        cp "$OUR_SERVER" "$snap.tmp.$$" && mv "$snap.tmp.$$" "$snap" || conf_die "cannot copy $OUR_SERVER"
+    fi
+    touch "$snap"
+    conf_log "our server: $OUR_SERVER (built $(date -u -r "$OUR_SERVER" '+%F %T') UTC, sha256 $sum...), run from $snap"
+    OUR_SERVER_DESC="$OUR_SERVER built $(date -u -r "$OUR_SERVER" '+%F %T')Z sha256:$sum"
+    OUR_SERVER="$snap"
 }
 
 conf_free_port() {

@@ -45,7 +45,7 @@ case "$mode" in
     ours)
         conf_build_our_server
         server_cmd="$OUR_SERVER --protocol 7 -p {port}"
-        title="test-backend-ops via RPC against OUR server ($OUR_SERVER)" ;;
+        title="test-backend-ops via RPC against OUR server ($OUR_SERVER_DESC)" ;;
     reference)
         server_cmd="$PEER_BIN/ggml-rpc-server -p {port}"
         title="test-backend-ops via RPC against the REFERENCE server (llama.cpp b11434)" ;;

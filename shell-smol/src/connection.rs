@@ -34,7 +34,7 @@ use crate::comm_link::CommLink;
 const READ_SIZE: usize = 64 * 1024;
 /// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
 /// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
-const STREAM_READ_SIZE: usize = 4 * 1024 * 1024;
+const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
 /// Transfers at least this large run on the blocking pool.
 const HEAVY_BYTES: u64 = 1 << 20;
 /// Most buffers passed to one vectored write.
