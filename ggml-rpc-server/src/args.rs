@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use shell_tokio::server::{DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
+use shell_common::{DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
 
 use crate::shells;
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
-use shell_tokio::FsTensorCache;
+use shell_common::FsTensorCache;
 use tracing_subscriber::EnvFilter;
 
 pub use args::Args;

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use anyhow::Context as _;
 use proto_core::backend::Backend;
 
-pub use shell_tokio::ServerConfig;
+pub use shell_common::ServerConfig;
 
 /// An I/O shell.
 pub trait Shell: Sync {
@@ -244,14 +244,7 @@ impl Shell for UringShell {
         backend: Arc<dyn Backend>,
         config: ServerConfig,
     ) -> anyhow::Result<RunningServer> {
-        let mut uring = shell_uring::ServerConfig::new(config.version);
-        uring.max_clients = config.max_clients;
-        uring.memory_quota = config.memory_quota;
-        uring.max_message_size = config.max_message_size;
-        uring.tensor_cache = config.tensor_cache;
-        uring.graph_limits = config.graph_limits;
-        uring.comm_timeout = config.comm_timeout;
-        uring.shutdown_grace = config.shutdown_grace;
+        let uring = shell_uring::ServerConfig::from_base(config);
         // The error already reads "io_uring is not available: ..." when the kernel refuses it.
         let server = shell_uring::Server::start(listener, backend, uring)?;
         let addr = server.local_addr();
@@ -286,21 +279,14 @@ impl Shell for SmolShell {
         backend: Arc<dyn Backend>,
         config: ServerConfig,
     ) -> anyhow::Result<RunningServer> {
-        let mut smol = shell_smol::ServerConfig::new(config.version);
-        smol.max_clients = config.max_clients;
-        smol.memory_quota = config.memory_quota;
-        smol.max_message_size = config.max_message_size;
-        smol.tensor_cache = config.tensor_cache;
-        smol.graph_limits = config.graph_limits;
-        smol.comm_timeout = config.comm_timeout;
-        smol.shutdown_grace = config.shutdown_grace;
-        smol.connection_config()?;
+        // Refuse an unsupported version here, before a thread is started.
+        config.connection_config()?;
         let addr = listener.local_addr()?;
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         // Never sent to: dropping the sender is the shutdown signal.
         let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
         let thread = spawn_server("rpc-smol", move || {
-            shell_smol::run(threads, listener, backend, smol, async move {
+            shell_smol::run(threads, listener, backend, config, async move {
                 let _ = stop_rx.recv().await;
             })?;
             Ok(())

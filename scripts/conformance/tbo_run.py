@@ -280,7 +280,7 @@ COLS = ["OK", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "NOT_RUN"]
 
 def print_table(results: list[OpResult], title: str) -> None:
     print(f"\n{title}")
-    hdr = f"{'op':<16} {'cases':>6} {'passed':>7} {'failed':>7} {'unsupp':>7} {'crash':>6} " \
+    hdr = f"{'op':<18} {'cases':>6} {'passed':>7} {'failed':>7} {'unsupp':>7} {'crash':>6} " \
           f"{'hang':>5} {'notrun':>7} {'procs':>6} {'time':>7}  note"
     print(hdr)
     print("-" * len(hdr))
@@ -297,11 +297,11 @@ def print_table(results: list[OpResult], title: str) -> None:
             note = (note + "; " if note else "") + f"server restarted {r.server_restarts}x"
         if len(r.names) != run:
             note = (note + "; " if note else "") + f"sampled {run}/{len(r.names)}"
-        print(f"{r.op:<16} {run:>6} {cnt['OK']:>7} {cnt['FAIL']:>7} {cnt['UNSUPPORTED']:>7} "
+        print(f"{r.op:<18} {run:>6} {cnt['OK']:>7} {cnt['FAIL']:>7} {cnt['UNSUPPORTED']:>7} "
               f"{cnt['CRASH']:>6} {cnt['HANG']:>5} {cnt['NOT_RUN']:>7} {r.processes:>6} "
               f"{r.seconds:>6.0f}s  {note}")
     print("-" * len(hdr))
-    print(f"{'TOTAL':<16} {ncases:>6} {tot['OK']:>7} {tot['FAIL']:>7} {tot['UNSUPPORTED']:>7} "
+    print(f"{'TOTAL':<18} {ncases:>6} {tot['OK']:>7} {tot['FAIL']:>7} {tot['UNSUPPORTED']:>7} "
           f"{tot['CRASH']:>6} {tot['HANG']:>5} {tot['NOT_RUN']:>7}")
 
 
@@ -314,7 +314,7 @@ def print_reasons(results: list[OpResult], top: int = 3) -> None:
                 key = f"{st}: " + re.sub(r"\d+(\.\d+)?", "#", de or "(no message)")[:160]
                 groups[key] = groups.get(key, 0) + 1
         for key, n in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"  {r.op:<16} {n:>5}x  {key}")
+            lines.append(f"  {r.op:<18} {n:>5}x  {key}")
     if lines:
         print("\nmost common failure reasons (digits shown as #):")
         print("\n".join(lines))

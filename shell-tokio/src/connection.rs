@@ -31,13 +31,15 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use proto_core::backend::{Backend, TensorLocation};
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
-use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
-use proto_core::wire::{CommInitRequest, Request};
+use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
+use proto_core::session::ServerSession;
+use proto_core::wire::CommInitRequest;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
+
+use shell_common::is_heavy;
 
 use crate::comm_link::CommLink;
 
@@ -46,23 +48,12 @@ const READ_SIZE: usize = 64 * 1024;
 /// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
 /// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
 const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
-/// Transfers at least this large are run under `block_in_place`.
-const HEAVY_BYTES: u64 = 1 << 20;
 /// Most buffers passed to one vectored write.
 const MAX_IO_SLICES: usize = 64;
 /// How long a failing connection may take to flush the responses it already owed.
 const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Per-connection settings, derived from a [`ServerConfig`](crate::ServerConfig).
-#[derive(Debug, Clone)]
-pub struct ConnectionConfig {
-    /// Settings of the connection's session (dialect, message size limit).
-    pub session: ServerSessionConfig,
-    /// Settings of the connection's dispatcher (version, quota, cache, graph limits).
-    pub dispatcher: DispatcherConfig,
-    /// Bound on setting up a comm link and on each all-reduce exchange.
-    pub comm_timeout: Duration,
-}
+pub use shell_common::ConnectionConfig;
 
 /// Work of an event that needs the sockets, done outside the synchronous event loop.
 enum Deferred {
@@ -336,31 +327,6 @@ async fn comm_work(
             }
             run_blocking(|| backend.write(at, &bytes))
         }
-    }
-}
-
-/// Whether an event may keep the thread busy long enough to stall other connections.
-fn is_heavy(event: &ServerEvent) -> bool {
-    match event {
-        ServerEvent::TensorData(chunk) => chunk.len() as u64 >= HEAVY_BYTES,
-        ServerEvent::TensorWriteBegin { .. } | ServerEvent::TensorWriteEnd => false,
-        ServerEvent::Request(request) => match request {
-            Request::GraphCompute(_)
-            | Request::GraphRecompute { .. }
-            | Request::CopyTensor { .. }
-            | Request::BufferClear { .. }
-            | Request::SetTensorHash { .. } => true,
-            Request::GetTensor { size, .. } | Request::MemsetTensor { size, .. } => {
-                *size >= HEAVY_BYTES
-            }
-            Request::GetTensor2d(header) => {
-                header.size.saturating_mul(header.n_copies) >= HEAVY_BYTES
-            }
-            Request::SetTensor { data, .. } | Request::SetTensor2d { data, .. } => {
-                data.len() as u64 >= HEAVY_BYTES
-            }
-            _ => false,
-        },
     }
 }
 

@@ -11,19 +11,20 @@
 //! * [`client`]: [`Client`], a typed async client that speaks protocol 7 or 8.
 //! * [`comm_link`]: the protocol-8.0.0 server-to-server link behind COMM_INIT and
 //!   COMM_ALLREDUCE (two ranks, pairwise all-reduce).
-//! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
+//! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files
+//!   (re-exported from [`shell_common`], as is [`ServerConfig`]).
 //! * [`error`]: [`ClientError`], what the client returns.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod cache_dir;
 pub mod client;
 pub mod comm_link;
 pub mod connection;
 pub mod error;
 pub mod server;
 
-pub use cache_dir::FsTensorCache;
 pub use client::{Client, RemoteBuffer};
 pub use error::ClientError;
 pub use server::{serve, ServerConfig};
+pub use shell_common::cache_dir;
+pub use shell_common::FsTensorCache;

@@ -12,105 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Backend;
-use proto_core::dispatch::DispatcherConfig;
-use proto_core::graph::GraphLimits;
-use proto_core::session::ServerSessionConfig;
-use proto_core::tensor_cache::TensorCache;
-use proto_core::wire::ProtocolVersion;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::connection::{self, ConnectionConfig};
+pub use shell_common::config::{
+    ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_SHUTDOWN_GRACE,
+};
 
-/// Default for [`ServerConfig::max_clients`].
-pub const DEFAULT_MAX_CLIENTS: usize = 64;
-/// Default for [`ServerConfig::max_message_size`]: 256 MiB.
-pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
-/// Default for [`ServerConfig::comm_timeout`].
-pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default for [`ServerConfig::shutdown_grace`].
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// Settings of a server (shared by all its connections).
-#[derive(Clone)]
-pub struct ServerConfig {
-    /// The version announced in HELLO; its major selects the command table (7 or 8).
-    pub version: ProtocolVersion,
-    /// Most clients served at once; further connections are closed right after `accept`,
-    /// with a log line.
-    pub max_clients: usize,
-    /// Most bytes of buffers one client may hold (`None`: unlimited). An ALLOC_BUFFER past it
-    /// closes that client's connection.
-    pub memory_quota: Option<u64>,
-    /// Largest buffered request (GRAPH_COMPUTE and the fixed-size commands). SET_TENSOR and
-    /// SET_TENSOR_2D data is streamed and checked against the destination instead.
-    pub max_message_size: u64,
-    /// The tensor cache (`-c`), announced in HELLO flag bit 0.
-    pub tensor_cache: Option<Arc<dyn TensorCache>>,
-    /// Graph size limits of GRAPH_COMPUTE.
-    pub graph_limits: GraphLimits,
-    /// Bound on setting up a comm link (COMM_INIT: rank 0 waiting for its peer) and on each
-    /// all-reduce exchange; the reference waits forever.
-    pub comm_timeout: Duration,
-    /// How long a shutdown waits for open connections to finish their current command before
-    /// they are dropped.
-    pub shutdown_grace: Duration,
-}
-
-impl std::fmt::Debug for ServerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerConfig")
-            .field("version", &self.version)
-            .field("max_clients", &self.max_clients)
-            .field("memory_quota", &self.memory_quota)
-            .field("max_message_size", &self.max_message_size)
-            .field("tensor_cache", &self.tensor_cache.is_some())
-            .field("graph_limits", &self.graph_limits)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("comm_timeout", &self.comm_timeout)
-            .finish()
-    }
-}
-
-impl ServerConfig {
-    /// Defaults for a version: [`DEFAULT_MAX_CLIENTS`], no quota,
-    /// [`DEFAULT_MAX_MESSAGE_SIZE`], no cache, default graph limits.
-    pub fn new(version: ProtocolVersion) -> ServerConfig {
-        ServerConfig {
-            version,
-            max_clients: DEFAULT_MAX_CLIENTS,
-            memory_quota: None,
-            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            tensor_cache: None,
-            graph_limits: GraphLimits::default(),
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            comm_timeout: DEFAULT_COMM_TIMEOUT,
-        }
-    }
-
-    /// The per-connection settings derived from this configuration.
-    pub fn connection_config(&self) -> io::Result<ConnectionConfig> {
-        let dialect = self.version.dialect().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("protocol version {} is not supported", self.version),
-            )
-        })?;
-        let mut session = ServerSessionConfig::new(dialect);
-        session.max_message_size = self.max_message_size;
-        let mut dispatcher = DispatcherConfig::new(self.version);
-        dispatcher.memory_quota = self.memory_quota;
-        dispatcher.graph_limits = self.graph_limits;
-        dispatcher.tensor_cache = self.tensor_cache.clone();
-        Ok(ConnectionConfig {
-            session,
-            dispatcher,
-            comm_timeout: self.comm_timeout,
-        })
-    }
-}
+use crate::connection;
 
 /// Serves clients accepted on `listener` until `shutdown` completes.
 ///

@@ -9,22 +9,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proto_core::backend::{Backend, TensorLocation};
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream};
-use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
-use proto_core::wire::{CommInitRequest, Request};
+use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
+use proto_core::session::{ServerEvent, ServerSession};
+use proto_core::wire::CommInitRequest;
+
+use shell_common::is_heavy;
 
 use crate::comm::CommLink;
 
-/// Transfers at least this large are run on a blocking thread.
-const HEAVY_BYTES: u64 = 1 << 20;
-
-/// Per-connection settings.
-#[derive(Debug, Clone)]
-pub(crate) struct ConnectionConfig {
-    pub session: ServerSessionConfig,
-    pub dispatcher: DispatcherConfig,
-    pub comm_timeout: Duration,
-}
+pub(crate) use shell_common::ConnectionConfig;
 
 /// Work of an event that needs sockets besides the client's (the comm link).
 #[derive(Debug)]
@@ -254,30 +247,5 @@ impl Core {
                 backend.write(at, &bytes)
             }
         }
-    }
-}
-
-/// Whether an event may keep the thread busy long enough to stall other connections.
-fn is_heavy(event: &ServerEvent) -> bool {
-    match event {
-        ServerEvent::TensorData(chunk) => chunk.len() as u64 >= HEAVY_BYTES,
-        ServerEvent::TensorWriteBegin { .. } | ServerEvent::TensorWriteEnd => false,
-        ServerEvent::Request(request) => match request {
-            Request::GraphCompute(_)
-            | Request::GraphRecompute { .. }
-            | Request::CopyTensor { .. }
-            | Request::BufferClear { .. }
-            | Request::SetTensorHash { .. } => true,
-            Request::GetTensor { size, .. } | Request::MemsetTensor { size, .. } => {
-                *size >= HEAVY_BYTES
-            }
-            Request::GetTensor2d(header) => {
-                header.size.saturating_mul(header.n_copies) >= HEAVY_BYTES
-            }
-            Request::SetTensor { data, .. } | Request::SetTensor2d { data, .. } => {
-                data.len() as u64 >= HEAVY_BYTES
-            }
-            _ => false,
-        },
     }
 }

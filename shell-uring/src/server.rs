@@ -24,24 +24,16 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use proto_core::backend::Backend;
-use proto_core::dispatch::DispatcherConfig;
-use proto_core::graph::GraphLimits;
-use proto_core::session::{ServerEvent, ServerSessionConfig, MAX_DATA_CHUNK};
-use proto_core::tensor_cache::TensorCache;
+use proto_core::session::{ServerEvent, MAX_DATA_CHUNK};
 use proto_core::wire::ProtocolVersion;
+pub use shell_common::config::{
+    DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
+};
 
 use crate::core::{ConnectionConfig, Core, Stop, Work};
 use crate::pool::Pool;
 use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
 
-/// Default for [`ServerConfig::max_clients`].
-pub const DEFAULT_MAX_CLIENTS: usize = 64;
-/// Default for [`ServerConfig::max_message_size`]: 256 MiB.
-pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
-/// Default for [`ServerConfig::comm_timeout`].
-pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default for [`ServerConfig::shutdown_grace`].
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Default for [`ServerConfig::stream_chunk`]: 8 MiB (two are alive at once per streaming
 /// client: one being written to the backend, the next being received).
 pub const DEFAULT_STREAM_CHUNK: usize = 8 << 20;
@@ -64,83 +56,30 @@ const TAG_WAKE: Tag = 1;
 const TAG_GRACE: Tag = 2;
 const TAG_ACCEPT_RETRY: Tag = 3;
 
-/// Settings of a server (the same knobs as the tokio shell's, plus the ring layout).
-#[derive(Clone)]
+/// Settings of a server: the knobs every shell shares, plus the ring layout.
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The version announced in HELLO; its major selects the command table (7 or 8).
-    pub version: ProtocolVersion,
-    /// Most clients served at once; further connections are closed right after `accept`.
-    pub max_clients: usize,
-    /// Most bytes of buffers one client may hold (`None`: unlimited).
-    pub memory_quota: Option<u64>,
-    /// Largest buffered request (GRAPH_COMPUTE and the fixed-size commands).
-    pub max_message_size: u64,
-    /// The tensor cache, announced in HELLO flag bit 0.
-    pub tensor_cache: Option<Arc<dyn TensorCache>>,
-    /// Graph size limits of GRAPH_COMPUTE.
-    pub graph_limits: GraphLimits,
-    /// Bound on setting up a comm link and on each all-reduce exchange.
-    pub comm_timeout: Duration,
-    /// How long a shutdown waits for open connections before they are dropped.
-    pub shutdown_grace: Duration,
+    /// The settings every shell takes (version, limits, cache, timeouts).
+    pub base: shell_common::ServerConfig,
     /// Ring threads (each serves the clients it accepted); at least 1.
     pub rings: usize,
     /// Size of each receive of streamed tensor data (at most 16 MiB).
     pub stream_chunk: usize,
 }
 
-impl std::fmt::Debug for ServerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerConfig")
-            .field("version", &self.version)
-            .field("max_clients", &self.max_clients)
-            .field("memory_quota", &self.memory_quota)
-            .field("max_message_size", &self.max_message_size)
-            .field("tensor_cache", &self.tensor_cache.is_some())
-            .field("graph_limits", &self.graph_limits)
-            .field("comm_timeout", &self.comm_timeout)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("rings", &self.rings)
-            .field("stream_chunk", &self.stream_chunk)
-            .finish()
-    }
-}
-
 impl ServerConfig {
-    /// Defaults for a version: one ring, the tokio shell's limits.
+    /// Defaults for a version: one ring, the shared defaults of [`shell_common::ServerConfig`].
     pub fn new(version: ProtocolVersion) -> ServerConfig {
+        ServerConfig::from_base(shell_common::ServerConfig::new(version))
+    }
+
+    /// The shared settings `base`, with one ring and [`DEFAULT_STREAM_CHUNK`].
+    pub fn from_base(base: shell_common::ServerConfig) -> ServerConfig {
         ServerConfig {
-            version,
-            max_clients: DEFAULT_MAX_CLIENTS,
-            memory_quota: None,
-            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            tensor_cache: None,
-            graph_limits: GraphLimits::default(),
-            comm_timeout: DEFAULT_COMM_TIMEOUT,
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            base,
             rings: 1,
             stream_chunk: DEFAULT_STREAM_CHUNK,
         }
-    }
-
-    fn connection_config(&self) -> io::Result<ConnectionConfig> {
-        let dialect = self.version.dialect().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("protocol version {} is not supported", self.version),
-            )
-        })?;
-        let mut session = ServerSessionConfig::new(dialect);
-        session.max_message_size = self.max_message_size;
-        let mut dispatcher = DispatcherConfig::new(self.version);
-        dispatcher.memory_quota = self.memory_quota;
-        dispatcher.graph_limits = self.graph_limits;
-        dispatcher.tensor_cache = self.tensor_cache.clone();
-        Ok(ConnectionConfig {
-            session,
-            dispatcher,
-            comm_timeout: self.comm_timeout,
-        })
     }
 }
 
@@ -227,7 +166,7 @@ impl Server {
         backend: Arc<dyn Backend>,
         config: ServerConfig,
     ) -> io::Result<Server> {
-        let connection = config.connection_config()?;
+        let connection = config.base.connection_config()?;
         let local_addr = listener.local_addr()?;
         let rings = config.rings.max(1);
         let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -241,8 +180,8 @@ impl Server {
         let shared = Arc::new(Shared {
             backend,
             connection,
-            max_clients: config.max_clients,
-            shutdown_grace: config.shutdown_grace,
+            max_clients: config.base.max_clients,
+            shutdown_grace: config.base.shutdown_grace,
             stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
             active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),

@@ -1,0 +1,21 @@
+//! What every I/O shell of the ggml RPC protocol shares and that needs no runtime: the server
+//! settings, the per-connection configuration derived from them, which events are heavy
+//! enough to run off the event loop, and the on-disk tensor cache.
+//!
+//! * [`config`]: [`ServerConfig`], its defaults, and [`ConnectionConfig`] (the session and
+//!   dispatcher settings of one connection).
+//! * [`heavy`]: [`is_heavy`], the shells' rule for work that must not stall other clients.
+//! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cache_dir;
+pub mod config;
+pub mod heavy;
+
+pub use cache_dir::FsTensorCache;
+pub use config::{
+    ConnectionConfig, ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
+};
+pub use heavy::{is_heavy, HEAVY_BYTES};
