@@ -240,8 +240,12 @@ def run_op(args, server: Server, op: str, outf) -> OpResult:
             pos, how = run_process(args, server, res, filt, exp, outf)
             if how == "ok":
                 continue
-            # the case the process was on when it died / stalled
-            culprit = next((i for i in exp[pos:] if res.status[i] is None), None)
+            # The case the process was on is exactly the next one in its expected order
+            # (test-backend-ops runs them in order, one at a time). Some case strings occur
+            # more than once (identical parameters); -o NAME runs every occurrence, so an
+            # earlier occurrence may be re-run and die again. Identical cases are one case:
+            # the crash is recorded on every occurrence of the name that has no result yet.
+            culprit = exp[pos] if pos < len(exp) else None
             died = not server.alive()
             if how == "startup":
                 what = "startup failed" + (" (server died)" if died else "")
@@ -254,9 +258,12 @@ def run_op(args, server: Server, op: str, outf) -> OpResult:
                 what += f" | server: {srv}"
             events += 1
             if culprit is not None:
-                res.status[culprit] = "HANG" if how == "hang" else "CRASH"
-                res.detail[culprit] = what
-                log(f"{op}: {res.status[culprit]} in {res.names[culprit]}: {what}")
+                st = "HANG" if how == "hang" else "CRASH"
+                for i in name_to_idx[res.names[culprit]]:
+                    if res.status[i] is None or i == culprit:
+                        res.status[i] = st
+                        res.detail[i] = what
+                log(f"{op}: {st} in {res.names[culprit]}: {what}")
             if how == "hang" and server.cmd is not None:
                 # a hung server may still hold the connection state: restart it
                 server.stop()
