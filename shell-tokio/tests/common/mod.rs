@@ -1,95 +1,52 @@
-//! Shared helpers of the loopback tests: a server on 127.0.0.1:0 over the in-memory backend,
-//! a raw socket for hostile input, log capture and polling with a deadline.
-#![allow(dead_code)]
+//! Helpers of the tokio client's loopback tests: a server on 127.0.0.1:0 over the in-memory
+//! backend and a deadline for every wait. (The shell-agnostic server tests, with their raw
+//! socket and log capture, live in `ggml-rpc-server/tests/`.)
 
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use proto_core::backend::MemoryBackend;
-use proto_core::ggml::types::id;
-use proto_core::wire::{Dialect, ProtocolVersion, Request, RpcTensor};
+use proto_core::wire::{ProtocolVersion, RpcTensor};
 use shell_tokio::{serve, Client, ServerConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// Deadline of every wait in the tests (generous; the waits end as soon as the condition holds).
+/// Deadline of every wait in the tests (generous; the waits end as soon as they can).
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A running server.
 pub struct TestServer {
     /// Where it listens.
     pub addr: SocketAddr,
-    /// Its backend (to count live buffers).
-    pub backend: Arc<MemoryBackend>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
 }
 
 impl TestServer {
     /// Starts a server with a 1 GiB, one-device memory backend.
     pub async fn start(config: ServerConfig) -> TestServer {
-        TestServer::with_backend(Arc::new(MemoryBackend::new(1, 1 << 30)), config).await
-    }
-
-    /// Starts a protocol-8 server with default settings.
-    pub async fn v8() -> TestServer {
-        TestServer::start(ServerConfig::new(ProtocolVersion::V8_0_0)).await
-    }
-
-    /// Starts a server over the given backend.
-    pub async fn with_backend(backend: Arc<MemoryBackend>, config: ServerConfig) -> TestServer {
+        let backend = Arc::new(MemoryBackend::new(1, 1 << 30));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, backend.clone(), config, async move {
+        let task = tokio::spawn(serve(listener, backend, config, async move {
             let _ = stopped.await;
         }));
-        TestServer {
-            addr,
-            backend,
-            stop: Some(stop),
-            task: Some(task),
-        }
+        TestServer { addr, stop, task }
     }
 
-    /// A client speaking the server's version.
+    /// A client speaking `version`.
     pub async fn client(&self, version: ProtocolVersion) -> Client {
         Client::connect(self.addr, version).await.unwrap()
     }
 
-    /// Waits until the backend holds exactly `n` buffers.
-    pub async fn wait_live_buffers(&self, n: usize) {
-        let backend = self.backend.clone();
-        eventually(move || backend.live_buffers() == n).await;
-    }
-
     /// Stops the server and waits for `serve` to return.
-    pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(DEADLINE, task)
-                .await
-                .expect("serve returns after shutdown")
-                .unwrap()
-                .unwrap();
-        }
-    }
-}
-
-/// Polls `condition` until it holds; panics after [`DEADLINE`].
-pub async fn eventually(mut condition: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < DEADLINE, "condition not reached in time");
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        within(self.task).await.unwrap().unwrap();
     }
 }
 
@@ -100,162 +57,10 @@ pub async fn within<T>(future: impl Future<Output = T>) -> T {
         .expect("timed out")
 }
 
-/// A deterministic byte pattern.
-pub fn pattern(len: usize, seed: u8) -> Bytes {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 8) as u8))
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 /// A contiguous i8 tensor of `len` bytes at `data` inside `buffer`.
 pub fn bytes_tensor(id: u64, buffer: u64, data: u64, len: u32) -> RpcTensor {
     let mut tensor = RpcTensor::contiguous(id, 24, [len, 1, 1, 1]).unwrap();
     tensor.buffer = buffer;
     tensor.data = data;
     tensor
-}
-
-/// A contiguous f32 tensor of shape `ne` at `data` inside `buffer`.
-pub fn f32_tensor(id: u64, buffer: u64, data: u64, ne: [u32; 4]) -> RpcTensor {
-    let mut tensor = RpcTensor::contiguous(id, id::F32, ne).unwrap();
-    tensor.buffer = buffer;
-    tensor.data = data;
-    tensor
-}
-
-/// A raw TCP connection for sending arbitrary bytes.
-pub struct Raw {
-    pub stream: TcpStream,
-    dialect: Dialect,
-}
-
-impl Raw {
-    /// Connects without HELLO.
-    pub async fn connect(addr: SocketAddr, dialect: Dialect) -> Raw {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        stream.set_nodelay(true).unwrap();
-        Raw { stream, dialect }
-    }
-
-    /// Connects and performs HELLO, checking the 36-byte answer.
-    pub async fn connect_hello(addr: SocketAddr, dialect: Dialect) -> Raw {
-        let mut raw = Raw::connect(addr, dialect).await;
-        raw.send(&Request::Hello { caps: [0; 24] }).await;
-        let answer = raw.read(36).await;
-        assert_eq!(&answer[..8], &28u64.to_le_bytes());
-        assert_eq!(answer[8], dialect.version().major);
-        raw
-    }
-
-    /// Writes a well-formed request frame.
-    pub async fn send(&mut self, request: &Request) {
-        let frame = request.to_frame(self.dialect).unwrap();
-        self.write(&frame).await;
-    }
-
-    /// Writes raw bytes.
-    pub async fn write(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.unwrap();
-    }
-
-    /// Reads exactly `n` bytes.
-    pub async fn read(&mut self, n: usize) -> Vec<u8> {
-        let mut out = vec![0; n];
-        within(self.stream.read_exact(&mut out)).await.unwrap();
-        out
-    }
-
-    /// Sends a request with a response and returns the response payload.
-    pub async fn call(&mut self, request: &Request, response_len: usize) -> Vec<u8> {
-        self.send(request).await;
-        let head = self.read(8).await;
-        assert_eq!(
-            u64::from_le_bytes(head.try_into().unwrap()),
-            response_len as u64
-        );
-        self.read(response_len).await
-    }
-
-    /// Allocates a buffer; returns (handle, base).
-    pub async fn alloc(&mut self, size: u64) -> (u64, u64) {
-        let answer = self
-            .call(&Request::AllocBuffer { device: 0, size }, 16)
-            .await;
-        let handle = u64::from_le_bytes(answer[..8].try_into().unwrap());
-        assert_ne!(handle, 0);
-        let base = self
-            .call(&Request::BufferGetBase { buffer: handle }, 8)
-            .await;
-        (handle, u64::from_le_bytes(base.try_into().unwrap()))
-    }
-
-    /// Waits until the server closed the connection (EOF or reset), discarding anything sent.
-    pub async fn expect_closed(&mut self) {
-        within(async {
-            let mut sink = [0u8; 4096];
-            loop {
-                match self.stream.read(&mut sink).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
-    }
-}
-
-/// Captured log output of the current thread.
-#[derive(Clone, Default)]
-pub struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    /// Everything logged so far.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Waits until the log contains `needle`.
-    pub async fn wait_for(&self, needle: &str) {
-        let logs = self.clone();
-        let wanted = needle.to_owned();
-        tokio::time::timeout(DEADLINE, async move {
-            while !logs.text().contains(&wanted) {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("log line not found: {needle}\n{}", self.text()));
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-/// Captures the logs of this thread (current-thread runtime: the server's tasks too) until the
-/// guard drops.
-pub fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
 }
