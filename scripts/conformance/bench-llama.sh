@@ -12,7 +12,7 @@
 #   --models LIST      GGUF paths (default: tiny f32,f16,q8_0,q4_0,q4_k + bench q8_0,q4_0)
 #   --tiny-only        skip the ~110M model
 #   --threads N        compute threads of both servers (default 1)
-#   -r N               repetitions (default 3)
+#   -r N               repetitions (default 5)
 #   -p N / -n N        prompt / generation lengths (default 64 / 32)
 #   --fa on|off|auto   flash attention (default off)
 #   --logdir DIR       default target/conformance/bench
@@ -20,7 +20,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=3 pp=64 tg=32 fa=off
+mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=5 pp=64 tg=32 fa=off
 logdir="$CONF_OUT/bench"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
         -n) tg=$2; shift 2 ;;
         --fa) fa=$2; shift 2 ;;
         --logdir) logdir=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
 done

@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
         -n) n=$2; shift 2 ;;
         --no-probe) extra+=(--no-probe); shift ;;
         --logdir) logdir=$2; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
 done

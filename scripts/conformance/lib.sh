@@ -39,9 +39,9 @@ conf_build_our_server() {
     if [ ! -x "$snap" ]; then
         cp "$OUR_SERVER" "$snap.tmp.$$" && mv "$snap.tmp.$$" "$snap" || conf_die "cannot copy $OUR_SERVER"
     fi
-    touch "$snap"
-    conf_log "our server: $OUR_SERVER (built $(date -u -r "$OUR_SERVER" '+%F %T') UTC, sha256 $sum...), run from $snap"
-    OUR_SERVER_DESC="$OUR_SERVER built $(date -u -r "$OUR_SERVER" '+%F %T')Z sha256:$sum"
+    OUR_SERVER_DESC="$OUR_SERVER mtime $(date -u -r "$OUR_SERVER" '+%F %T')Z sha256:$sum"
+    [ "$snap" -ef "$OUR_SERVER" ] || touch "$snap"
+    conf_log "our server: $OUR_SERVER_DESC, run from $snap"
     OUR_SERVER="$snap"
 }
 

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
         --endpoint) endpoint=$2; mode=custom; shift 2 ;;
         --ops|--params|--sample|--case-timeout|--max-crashes) extra+=("$1" "$2"); shift 2 ;;
         --logdir) logdir=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
 done

@@ -952,6 +952,13 @@ impl Checker<'_> {
         if pos.type_id != ty::I32 {
             return Err(self.bad("positions must be I32"));
         }
+        // op_params[15] is the position offset of `ggml_rope_set_offset` (deepseek2-style
+        // models); until it is implemented it is refused rather than silently ignored.
+        if self.node.record.op_params[15] != 0 {
+            return Err(
+                self.refuse("ROPE with a position offset (op_params[15]) is not implemented")
+            );
+        }
         let mut sections = [0i32; 4];
         sections.copy_from_slice(&self.node.record.op_params[11..15]);
         let params = RopeParams {

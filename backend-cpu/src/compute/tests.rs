@@ -1482,6 +1482,26 @@ fn rope_reference(
 }
 
 #[test]
+fn rope_with_a_position_offset_is_refused_not_ignored() {
+    let mut g = G::new();
+    let ne = [8, 2, 3, 1];
+    let a = g.input(ty::F32, ne, &[0.5; 48]);
+    let p = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+    let mut params = [0i32; 16];
+    params[1] = 8;
+    params[4] = 4096;
+    params[5] = f(10000.0);
+    params[6] = f(1.0);
+    params[8] = f(1.0);
+    params[9] = f(32.0);
+    params[10] = f(1.0);
+    params[15] = 32;
+    g.node(Op::ROPE, ty::F32, ne, &[a, p], &params);
+    let error = g.run(1).unwrap_err();
+    assert_eq!(error.kind(), proto_core::ErrorKind::OpRefused, "{error}");
+}
+
+#[test]
 fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
     let mut rng = Rng::new(16);
     for (round, (mode, t)) in [
