@@ -144,6 +144,34 @@ enum WriteTarget {
     },
 }
 
+impl WriteTarget {
+    /// Where byte `position` of the stream lies, and how many bytes (at most `max`) continue
+    /// contiguously from there: the rest of the region, or the rest of the row.
+    fn locate(self, position: u64, max: u64) -> (TensorLocation, u64) {
+        match self {
+            WriteTarget::Contiguous(at) => (
+                TensorLocation {
+                    buffer: at.buffer,
+                    offset: at.offset + position,
+                },
+                max,
+            ),
+            WriteTarget::Rows {
+                first,
+                size,
+                stride,
+            } => {
+                let (row, within) = (position / size, position % size);
+                let at = TensorLocation {
+                    buffer: first.buffer,
+                    offset: first.offset + row * stride + within,
+                };
+                (at, (size - within).min(max))
+            }
+        }
+    }
+}
+
 struct StreamedWrite {
     target: WriteTarget,
     written: u64,
@@ -451,11 +479,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             return Ok(None);
         }
         let piece = to_usize(remaining.min(MAX_REPLY_CHUNK))?;
-        if let WriteTarget::Contiguous(at) = stream.target {
-            let at = TensorLocation {
-                buffer: at.buffer,
-                offset: at.offset + stream.produced,
-            };
+        if let WriteTarget::Contiguous(_) = stream.target {
+            // One backend copy, no zero-filled staging buffer.
+            let (at, _) = stream.target.locate(stream.produced, piece as u64);
             let data = self.backend.read_bytes(at, piece)?;
             stream.produced += piece as u64;
             return Ok(Some(data));
@@ -464,30 +490,8 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         let mut filled = 0usize;
         while filled < data.len() {
             let position = stream.produced + filled as u64;
-            let (at, take) = match stream.target {
-                WriteTarget::Contiguous(at) => (
-                    TensorLocation {
-                        buffer: at.buffer,
-                        offset: at.offset + position,
-                    },
-                    data.len() - filled,
-                ),
-                WriteTarget::Rows {
-                    first,
-                    size,
-                    stride,
-                } => {
-                    let (row, within) = (position / size, position % size);
-                    let at = TensorLocation {
-                        buffer: first.buffer,
-                        offset: first.offset + row * stride + within,
-                    };
-                    (
-                        at,
-                        (size - within).min((data.len() - filled) as u64) as usize,
-                    )
-                }
-            };
+            let (at, take) = stream.target.locate(position, (data.len() - filled) as u64);
+            let take = take as usize;
             self.backend.read(at, &mut data[filled..filled + take])?;
             filled += take;
         }
@@ -595,33 +599,12 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             hasher.update(chunk);
             writer.append(chunk)?;
         }
-        match stream.target {
-            WriteTarget::Contiguous(at) => {
-                let at = TensorLocation {
-                    buffer: at.buffer,
-                    offset: at.offset + stream.written,
-                };
-                self.backend.write(at, chunk)?;
-                stream.written += chunk.len() as u64;
-            }
-            WriteTarget::Rows {
-                first,
-                size,
-                stride,
-            } => {
-                while !chunk.is_empty() {
-                    let row = stream.written / size;
-                    let within = stream.written % size;
-                    let take = (size - within).min(chunk.len() as u64) as usize;
-                    let at = TensorLocation {
-                        buffer: first.buffer,
-                        offset: first.offset + row * stride + within,
-                    };
-                    self.backend.write(at, &chunk[..take])?;
-                    stream.written += take as u64;
-                    chunk = &chunk[take..];
-                }
-            }
+        while !chunk.is_empty() {
+            let (at, take) = stream.target.locate(stream.written, chunk.len() as u64);
+            let (piece, rest) = chunk.split_at(take as usize);
+            self.backend.write(at, piece)?;
+            stream.written += take;
+            chunk = rest;
         }
         Ok(())
     }
