@@ -20,13 +20,13 @@ conf_check_peer() {
     [ -x "$PEER_BIN/ggml-rpc-server" ] || conf_die "llama.cpp b11434 not found under $PEER (run scripts/peer/build-b11434.sh or set GGML_RPC_PEER_CACHE)"
 }
 
-# conf_build_our_server: build target/release/ggml-rpc-server if it is missing
-# (set CONFORMANCE_REBUILD=1 to always run cargo, which is a no-op when up to date), then
+# conf_build_our_server: bring target/release/ggml-rpc-server up to date (cargo is a no-op
+# when it is; CONFORMANCE_REBUILD=0 skips cargo when the binary exists), then
 # point OUR_SERVER at a content-addressed snapshot copy in $CONF_OUT/build, so that a
 # rebuild in the shared target dir during a long run cannot swap the binary under a server
 # restart. Snapshots older than a day are removed.
 conf_build_our_server() {
-    if [ ! -x "$OUR_SERVER" ] || [ "${CONFORMANCE_REBUILD:-0}" = 1 ]; then
+    if [ ! -x "$OUR_SERVER" ] || [ "${CONFORMANCE_REBUILD:-1}" = 1 ]; then
         conf_log "building our server: cargo build --release -p ggml-rpc-server"
         (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server) || conf_die "cargo build failed"
         [ -x "$OUR_SERVER" ] || conf_die "$OUR_SERVER missing after the build"

@@ -220,6 +220,9 @@ pub(crate) struct RopeParams {
     pub beta_slow: f32,
     /// M-RoPE sections.
     pub sections: [i32; 4],
+    /// First rotated dimension (`op_params[15]`, `ggml_rope_set_offset`): the rotated window
+    /// is `n_offs..n_offs + n_dims`, everything else is copied.
+    pub n_offs: usize,
 }
 
 /// ggml rope modes.
@@ -952,13 +955,6 @@ impl Checker<'_> {
         if pos.type_id != ty::I32 {
             return Err(self.bad("positions must be I32"));
         }
-        // op_params[15] is the position offset of `ggml_rope_set_offset` (deepseek2-style
-        // models); until it is implemented it is refused rather than silently ignored.
-        if self.node.record.op_params[15] != 0 {
-            return Err(
-                self.refuse("ROPE with a position offset (op_params[15]) is not implemented")
-            );
-        }
         let mut sections = [0i32; 4];
         sections.copy_from_slice(&self.node.record.op_params[11..15]);
         let params = RopeParams {
@@ -972,6 +968,8 @@ impl Checker<'_> {
             beta_fast: self.fparam(9),
             beta_slow: self.fparam(10),
             sections,
+            n_offs: usize::try_from(self.param(15))
+                .map_err(|_| self.bad("negative rotated-window offset (op_params[15])"))?,
         };
         use rope_mode::*;
         let mrope = match params.mode {
@@ -985,6 +983,18 @@ impl Checker<'_> {
         }
         if params.mode == VISION && params.n_dims * 2 != ne0 {
             return Err(self.bad("vision rope rotates half of ne[0]"));
+        }
+        // The rotated window `n_offs..n_offs + n_dims` must lie inside the row, start on a
+        // pair, and vision mode (which rotates the whole row) takes none.
+        let n_offs = params.n_offs;
+        if n_offs % 2 != 0
+            || n_offs.checked_add(params.n_dims).is_none_or(|end| end > ne0)
+            || (params.mode == VISION && n_offs != 0)
+        {
+            return Err(self.bad(format!(
+                "rotated window offset {n_offs} with n_dims = {} and ne[0] = {ne0}",
+                params.n_dims
+            )));
         }
         if mrope {
             let total: i64 = sections.iter().map(|&s| i64::from(s)).sum();

@@ -1442,6 +1442,7 @@ fn rope_reference(
     n_ctx_orig: f64,
     beta: (f64, f64),
     factors: Option<&[f32]>,
+    n_offs: usize,
 ) -> Vec<f64> {
     let corr = |n_rot: f64| {
         n_dims as f64 * (n_ctx_orig / (n_rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
@@ -1466,9 +1467,9 @@ fn rope_reference(
                     }
                     let (c, s) = (theta.cos() * mscale, theta.sin() * mscale);
                     let (a, b) = if mode == 0 {
-                        (2 * pair, 2 * pair + 1)
+                        (n_offs + 2 * pair, n_offs + 2 * pair + 1)
                     } else {
-                        (pair, pair + n_dims / 2)
+                        (n_offs + pair, n_offs + pair + n_dims / 2)
                     };
                     let x0 = f64::from(x[at(ne, [a, i1, i2, i3])]);
                     let x1 = f64::from(x[at(ne, [b, i1, i2, i3])]);
@@ -1481,24 +1482,86 @@ fn rope_reference(
     out
 }
 
-#[test]
-fn rope_with_a_position_offset_is_refused_not_ignored() {
-    let mut g = G::new();
-    let ne = [8, 2, 3, 1];
-    let a = g.input(ty::F32, ne, &[0.5; 48]);
-    let p = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+/// ROPE op_params for `n_dims` rotated dimensions from `n_offs` on (freq base 10000, no YaRN).
+fn rope_params(n_dims: usize, mode: i32, n_offs: i32) -> [i32; 16] {
     let mut params = [0i32; 16];
-    params[1] = 8;
+    params[1] = n_dims as i32;
+    params[2] = mode;
     params[4] = 4096;
     params[5] = f(10000.0);
     params[6] = f(1.0);
     params[8] = f(1.0);
     params[9] = f(32.0);
     params[10] = f(1.0);
-    params[15] = 32;
-    g.node(Op::ROPE, ty::F32, ne, &[a, p], &params);
-    let error = g.run(1).unwrap_err();
-    assert_eq!(error.kind(), proto_core::ErrorKind::OpRefused, "{error}");
+    params[15] = n_offs;
+    params
+}
+
+#[test]
+fn rope_rotates_a_window_at_an_offset_and_copies_the_rest() {
+    let mut rng = Rng::new(61);
+    for (mode, t) in [(0, ty::F32), (2, ty::F32), (0, ty::F16), (2, ty::F16)] {
+        let ne = [40, 3, 4, 1];
+        let (n_dims, n_offs) = (16, 10);
+        let x = rng.values(ne.iter().product(), 1.0);
+        let pos: Vec<i64> = (0..4).map(|_| rng.below(100) as i64).collect();
+        let mut g = G::new();
+        let a = g.input(t, ne, &x);
+        let p = g.ids(ty::I32, [4, 1, 1, 1], &pos);
+        let r = g.node(Op::ROPE, t, ne, &[a, p], &rope_params(n_dims, mode, n_offs as i32));
+        let out = g.run(2).unwrap();
+        let want = rope_reference(
+            &stored(t, &x),
+            ne,
+            &pos,
+            n_dims,
+            mode,
+            10000.0,
+            1.0,
+            0.0,
+            1.0,
+            4096.0,
+            (32.0, 1.0),
+            None,
+            n_offs,
+        );
+        let got = g.read(&out, r);
+        let tolerance = if t == ty::F16 { 1e-6 } else { 1e-9 };
+        assert_close(&got, &want, tolerance, &format!("rope offset mode {mode} type {t}"));
+        // dimensions outside the window are copied unchanged
+        let stored_x = stored(t, &x);
+        for i in all(ne) {
+            if !(n_offs..n_offs + n_dims).contains(&i[0]) {
+                assert_eq!(got[at(ne, i)], stored_x[at(ne, i)], "{i:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_window_offsets_outside_the_row_are_refused() {
+    // (n_dims, mode, n_offs, ne0): odd, past the end, negative, vision with an offset
+    for (n_dims, mode, n_offs, ne0) in [
+        (8, 0, 3, 16),
+        (8, 2, 10, 16),
+        (8, 0, -2, 16),
+        (8, 24, 2, 16),
+    ] {
+        let mut g = G::new();
+        let ne = [ne0, 2, 3, 1];
+        let a = g.input(ty::F32, ne, &vec![0.5; ne0 * 6]);
+        let p = g.ids(ty::I32, [12, 1, 1, 1], &[0; 12]);
+        let mut params = rope_params(n_dims, mode, n_offs);
+        params[11] = 2;
+        params[12] = 2;
+        g.node(Op::ROPE, ty::F32, ne, &[a, p], &params);
+        let error = g.run(1).unwrap_err();
+        assert_eq!(
+            error.kind(),
+            ErrorKind::InvalidGraph,
+            "n_dims {n_dims} mode {mode} offset {n_offs}: {error}"
+        );
+    }
 }
 
 #[test]
@@ -1572,6 +1635,7 @@ fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
             4096.0,
             (32.0, 1.0),
             use_factors.then_some(&factors[..]),
+            0,
         );
         let tolerance = if t == ty::F16 { 1e-6 } else { 1e-9 };
         assert_close(

@@ -10,7 +10,8 @@
 //! * neox and the multi-section modes: `(x[i], x[i + n_dims/2])`;
 //! * vision: `(x[i], x[i + n_dims])` over the whole row;
 //!
-//! and dimensions from `n_dims` on are copied. Multi-section modes take four positions per
+//! and the other dimensions are copied. The rotated window starts at `n_offs` (op_params[15],
+//! `ggml_rope_set_offset`; 0 by default) in every mode but vision. Multi-section modes take four positions per
 //! token (`pos[i2 + k ne2]`) and pick one per rotated pair by section
 //! (`ggml_mrope_cache_init`).
 
@@ -157,8 +158,13 @@ impl Rope<'_> {
             _ => (n_dims, n_dims / 2, true),
         };
         y.copy_from_slice(x);
+        let window = if self.p.mode == rope_mode::VISION {
+            0
+        } else {
+            self.p.n_offs
+        };
         for i0 in (0..pairs).step_by(2) {
-            let ic = if spread { i0 / 2 } else { i0 };
+            let ic = window + if spread { i0 / 2 } else { i0 };
             let (cos, sin) = (cache[i0], cache[i0 + 1]);
             let (x0, x1) = (x[ic], x[ic + offset]);
             y[ic] = x0 * cos - x1 * sin;
