@@ -2,7 +2,8 @@
 # The project's one test command (README.md, "Run every test"). On a fresh machine it installs
 # what the tests need (Rust components, cargo-fuzz, Debian packages, the llama.cpp peers), then
 # runs formatting and lint checks, the workspace tests, the interop tests against the real
-# llama.cpp, and every fuzz target for a bounded time.
+# llama.cpp, llama.cpp's test-backend-ops through our server and end-to-end generation, and
+# every fuzz target for a bounded time.
 #
 # Environment:
 #   FUZZ_SECONDS   seconds per fuzz target (default 60)
@@ -34,6 +35,14 @@ step "workspace tests"
 cargo nextest run --workspace --no-fail-fast
 # doc tests are not run by nextest
 cargo test --workspace --doc
+
+step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation"
+# Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases) whose
+# types are all among the supported ones, against llama.cpp's CPU backend; then greedy
+# generation on tiny F32/F16/Q8_0/Q4_0/Q4_K models through our server, the reference server
+# and CPU only, flash attention off and on: identical tokens required.
+bash scripts/conformance/test-backend-ops.sh --ops default,fused --scope listed
+bash scripts/conformance/e2e.sh --strict
 
 step "fuzz (${FUZZ_SECONDS}s per target)"
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then

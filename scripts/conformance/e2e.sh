@@ -12,6 +12,7 @@
 #   --endpoint H:P     use an already running server as "ours"
 #   -n N               tokens to generate (default 16)
 #   --no-probe         only llama-completion text (skip llama_probe token ids / logits)
+#   --strict           identical token ids and text only (a divergence at a near tie fails)
 #   --logdir DIR       default target/conformance/e2e
 # Models are generated with make-models.py into target/conformance/models if missing.
 # Exit status: 0 all comparisons pass, 1 some fail, 2 harness error.
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
         --endpoint) endpoint=$2; shift 2 ;;
         -n) n=$2; shift 2 ;;
         --no-probe) extra+=(--no-probe); shift ;;
+        --strict) extra+=(--strict); shift ;;
         --logdir) logdir=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;

@@ -15,9 +15,14 @@ server); it can also be run directly. For every op:
     op's cases run in new processes, named one by one with -o (full case strings).
     After --max-crashes such events the op's remaining cases are NOT_RUN.
 
-Prints a table (cases / passed / failed / not supported / crashed / hung / not run) and
-writes per-case results to LOGDIR/results.tsv. Exit status: 0 when every case passed or
-was not supported by the CPU reference, 1 otherwise, 2 on a harness error.
+With --scope listed, only cases whose every type parameter (type=, type_a=, type_K=,
+...) is one of LISTED_TYPES run; the others are counted as "out of scope" and not run
+(CI uses this: the refused formats would otherwise only add client crashes).
+
+Prints a table (cases / passed / failed / not supported / crashed / hung / not run / out
+of scope) and writes per-case results to LOGDIR/results.tsv. Exit status: 0 when every
+case that ran passed or was not supported by the CPU reference, 1 otherwise, 2 on a
+harness error.
 """
 
 from __future__ import annotations
@@ -59,6 +64,26 @@ GROUPS = {
     "fused": "ADD_RMS_NORM,RMS_NORM_MUL_ADD,RMS_NORM_MUL_ROPE,ROPE_SET_ROWS,MUL_MAT_ADD,"
              "SILU_MUL,GELU_MUL,SOFTCAP",
 }
+
+
+# The element types the compute issue lists (F32/F16/BF16, the classic and K quants) plus
+# the integer types; a case with any other type parameter is out of scope for --scope listed.
+LISTED_TYPES = {
+    "f32", "f16", "bf16", "i8", "i16", "i32", "i64",
+    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+    "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+}
+# Every ggml type name test-backend-ops prints (b11434), to recognise type parameters.
+ALL_TYPES = LISTED_TYPES | {
+    "q8_1", "q8_K", "q1_0", "q2_0", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "iq4_nl", "iq4_xs",
+    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "f64",
+}
+PARAM = re.compile(r"(\w+)=(\w+)")
+
+
+def in_scope(case: str) -> bool:
+    """Whether every type parameter of a case string is one of LISTED_TYPES."""
+    return all(v in LISTED_TYPES for _, v in PARAM.findall(case) if v in ALL_TYPES)
 
 
 def expand_ops(spec: str) -> list[str]:
@@ -207,13 +232,18 @@ def run_op(args, server: Server, op: str, outf) -> OpResult:
         res.note = "no test-backend-ops cases"
         return res
     todo = list(range(n))
-    if args.sample and n > args.sample:
-        step = n / args.sample
-        todo = sorted({int(i * step) for i in range(args.sample)})
-        keep = set(todo)
-        for i in range(n):
+    if args.scope == "listed":
+        for i in todo:
+            if not in_scope(res.names[i]):
+                res.status[i] = "OUT_OF_SCOPE"
+        todo = [i for i in todo if res.status[i] is None]
+    if args.sample and len(todo) > args.sample:
+        step = len(todo) / args.sample
+        keep = {todo[int(i * step)] for i in range(args.sample)}
+        for i in todo:
             if i not in keep:
                 res.status[i] = "SAMPLED_OUT"
+        todo = sorted(keep)
     t0 = time.time()
     events = 0
     whole = len(todo) == n  # first process may use the plain op name
@@ -282,19 +312,19 @@ def run_op(args, server: Server, op: str, outf) -> OpResult:
     return res
 
 
-COLS = ["OK", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "NOT_RUN"]
+COLS = ["OK", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "NOT_RUN", "OUT_OF_SCOPE"]
 
 
 def print_table(results: list[OpResult], title: str) -> None:
     print(f"\n{title}")
     hdr = f"{'op':<18} {'cases':>6} {'passed':>7} {'failed':>7} {'unsupp':>7} {'crash':>6} " \
-          f"{'hang':>5} {'notrun':>7} {'procs':>6} {'time':>7}  note"
+          f"{'hang':>5} {'notrun':>7} {'scope':>6} {'procs':>6} {'time':>7}  note"
     print(hdr)
     print("-" * len(hdr))
     tot = {c: 0 for c in COLS}
     ncases = 0
     for r in results:
-        run = sum(1 for s in r.status if s != "SAMPLED_OUT")
+        run = sum(1 for s in r.status if s != "SAMPLED_OUT")  # includes out of scope
         ncases += run
         cnt = {c: r.count(c) for c in COLS}
         for c in COLS:
@@ -305,11 +335,15 @@ def print_table(results: list[OpResult], title: str) -> None:
         if len(r.names) != run:
             note = (note + "; " if note else "") + f"sampled {run}/{len(r.names)}"
         print(f"{r.op:<18} {run:>6} {cnt['OK']:>7} {cnt['FAIL']:>7} {cnt['UNSUPPORTED']:>7} "
-              f"{cnt['CRASH']:>6} {cnt['HANG']:>5} {cnt['NOT_RUN']:>7} {r.processes:>6} "
+              f"{cnt['CRASH']:>6} {cnt['HANG']:>5} {cnt['NOT_RUN']:>7} {cnt['OUT_OF_SCOPE']:>6} "
+              f"{r.processes:>6} "
               f"{r.seconds:>6.0f}s  {note}")
     print("-" * len(hdr))
     print(f"{'TOTAL':<18} {ncases:>6} {tot['OK']:>7} {tot['FAIL']:>7} {tot['UNSUPPORTED']:>7} "
-          f"{tot['CRASH']:>6} {tot['HANG']:>5} {tot['NOT_RUN']:>7}")
+          f"{tot['CRASH']:>6} {tot['HANG']:>5} {tot['NOT_RUN']:>7} {tot['OUT_OF_SCOPE']:>6}")
+    if tot["OUT_OF_SCOPE"]:
+        print(f"(scope: {tot['OUT_OF_SCOPE']} cases with a type outside the listed types were "
+              "not run)")
 
 
 def print_reasons(results: list[OpResult], top: int = 3) -> None:
@@ -338,6 +372,8 @@ def main() -> int:
     ap.add_argument("--ops", default="default", help="comma list of -o op names and groups "
                     f"({', '.join(GROUPS)}); default: %(default)s")
     ap.add_argument("--params", help="-p regex passed to test-backend-ops")
+    ap.add_argument("--scope", choices=["all", "listed"], default="all",
+                    help="listed: run only cases whose types are all in LISTED_TYPES")
     ap.add_argument("--sample", type=int, default=0, help="run at most N evenly spread cases per op")
     ap.add_argument("--case-timeout", type=float, default=120.0, help="seconds without a result = hang")
     ap.add_argument("--max-crashes", type=int, default=200, help="crashes/hangs per op before giving up on it")
