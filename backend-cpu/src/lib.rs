@@ -178,6 +178,28 @@ impl Backend for CpuBackend {
             .with_region(at, len as u64, bytes::Bytes::copy_from_slice)
     }
 
+    fn write_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        self.buffers
+            .with_region_mut(at, len as u64, |region| fill(region))
+            .map(Some)
+    }
+
+    fn read_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        drain: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        self.buffers
+            .with_region(at, len as u64, |region| drain(region))
+            .map(Some)
+    }
+
     fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()> {
         self.buffers
             .with_region_mut(at, len, |region| region.fill(value))

@@ -98,6 +98,41 @@ fn regions_outside_the_buffer_are_errors_not_panics() {
 }
 
 #[test]
+fn lends_exactly_the_region_in_place_and_bounds_checks_it() {
+    let backend = backend();
+    let buffer = alloc(&backend, 64);
+    let filled = backend
+        .write_in_place(at(buffer, 8), 16, &mut |dst| {
+            assert_eq!(dst.len(), 16);
+            dst[..10].copy_from_slice(&[5; 10]);
+            10
+        })
+        .unwrap();
+    assert_eq!(filled, Some(10));
+    let mut seen = Vec::new();
+    let drained = backend
+        .read_in_place(at(buffer, 4), 24, &mut |src| {
+            seen.extend_from_slice(src);
+            src.len()
+        })
+        .unwrap();
+    assert_eq!(drained, Some(24));
+    let mut expected = vec![0u8; 24];
+    expected[4..14].fill(5);
+    assert_eq!(seen, expected);
+    for (offset, len) in [(60, 8), (64, 1), (u64::MAX, 1)] {
+        let error = backend
+            .write_in_place(at(buffer, offset), len, &mut |_| unreachable!())
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::OutOfBounds, "{offset} {len}");
+        let error = backend
+            .read_in_place(at(buffer, offset), len, &mut |_| unreachable!())
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::OutOfBounds, "{offset} {len}");
+    }
+}
+
+#[test]
 fn unknown_and_freed_buffers_are_backend_errors() {
     let backend = backend();
     let buffer = alloc(&backend, 8);

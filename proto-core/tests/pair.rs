@@ -43,6 +43,16 @@ struct Pair {
     /// Largest TensorData chunk the server produced.
     largest_chunk: usize,
     server_error: Option<Error>,
+    /// Whether the server side moves tensor data the way a shell with direct socket access
+    /// does: SET data received straight into backend memory
+    /// (`Dispatcher::receive_in_place`) and large replies sent straight from it
+    /// (`Dispatcher::send_in_place`). Client bytes then wait in `wire` until the server
+    /// "reads" them.
+    in_place: bool,
+    wire: std::collections::VecDeque<u8>,
+    /// Bytes of SET data placed in memory directly / reply bytes sent directly.
+    received_in_place: usize,
+    sent_in_place: usize,
 }
 
 impl Pair {
@@ -61,7 +71,16 @@ impl Pair {
             rng: Rng(seed | 1),
             largest_chunk: 0,
             server_error: None,
+            in_place: false,
+            wire: Default::default(),
+            received_in_place: 0,
+            sent_in_place: 0,
         }
+    }
+
+    fn in_place(mut self) -> Pair {
+        self.in_place = true;
+        self
     }
 
     /// Moves bytes both ways, cut at random points, until nothing moves. Returns the client's
@@ -97,6 +116,10 @@ impl Pair {
     }
 
     fn feed_server(&mut self, mut bytes: Bytes) {
+        if self.in_place {
+            self.wire.extend(&bytes[..]);
+            return;
+        }
         while !bytes.is_empty() {
             let cut = 1 + self.rng.below(bytes.len().min(1 << 20));
             self.server.handle_input(bytes.split_to(cut));
@@ -104,18 +127,74 @@ impl Pair {
     }
 
     fn run_server(&mut self) -> Result<(), Error> {
-        while let Some(event) = self.server.poll_event()? {
-            if let ServerEvent::TensorData(chunk) = &event {
-                self.largest_chunk = self.largest_chunk.max(chunk.len());
-            }
-            match self.dispatcher.handle(event)? {
-                Outcome::Done | Outcome::CommFree { .. } => {}
-                Outcome::Respond(response) => self.server.send_response(&response)?,
-                Outcome::RespondStream(stream) => {
-                    self.dispatcher.stream_reply(stream, &mut self.server)?
+        loop {
+            while let Some(event) = self.server.poll_event()? {
+                if let ServerEvent::TensorData(chunk) = &event {
+                    self.largest_chunk = self.largest_chunk.max(chunk.len());
                 }
-                other => panic!("unexpected outcome {other:?}"),
+                match self.dispatcher.handle(event)? {
+                    Outcome::Done | Outcome::CommFree { .. } => {}
+                    Outcome::Respond(response) => self.server.send_response(&response)?,
+                    Outcome::RespondStream(stream) if self.in_place => {
+                        self.send_reply_in_place(stream)?
+                    }
+                    Outcome::RespondStream(stream) => {
+                        self.dispatcher.stream_reply(stream, &mut self.server)?
+                    }
+                    other => panic!("unexpected outcome {other:?}"),
+                }
             }
+            if self.wire.is_empty() {
+                return Ok(());
+            }
+            // A shell "reads" a random amount: into the destination when the session allows,
+            // else into a buffer handed to the session.
+            let want = 1 + self.rng.below(self.wire.len().min(3 << 20));
+            let wire = &mut self.wire;
+            let placed = self
+                .dispatcher
+                .receive_in_place(&mut self.server, &mut |dst| {
+                    let n = want.min(dst.len());
+                    for (d, s) in dst[..n].iter_mut().zip(wire.drain(..n)) {
+                        *d = s;
+                    }
+                    n
+                })?;
+            match placed {
+                Some(n) => self.received_in_place += n,
+                None => {
+                    let chunk: Vec<u8> = self.wire.drain(..want).collect();
+                    self.server.handle_input(chunk.into());
+                }
+            }
+        }
+    }
+
+    /// A large reply the way a shell with direct socket access sends it: the head through the
+    /// session's transmits, the data straight from backend memory in random-sized sends.
+    fn send_reply_in_place(
+        &mut self,
+        mut stream: proto_core::dispatch::TensorReadStream,
+    ) -> Result<(), Error> {
+        self.server
+            .begin_response_stream(stream.command(), stream.len())?;
+        while let Some(bytes) = self.server.poll_transmit() {
+            self.client.handle_input(bytes);
+        }
+        while stream.remaining() > 0 {
+            let want = 1 + self.rng.below(5 << 20);
+            let mut sent = Vec::new();
+            let n = self
+                .dispatcher
+                .send_in_place(&mut stream, &mut self.server, &mut |src| {
+                    let n = want.min(src.len());
+                    sent.extend_from_slice(&src[..n]);
+                    n
+                })?
+                .expect("the memory backend lends its memory");
+            assert_eq!(n, sent.len());
+            self.sent_in_place += n;
+            self.client.handle_input(sent.into());
         }
         Ok(())
     }
@@ -238,8 +317,16 @@ fn pipelined_small_commands_come_back_in_order() {
 
 #[test]
 fn set_and_get_round_trip_in_bounded_chunks() {
-    for (version, seed) in [(ProtocolVersion::V7_0_0, 6), (ProtocolVersion::V8_0_0, 7)] {
+    for (version, seed, in_place) in [
+        (ProtocolVersion::V7_0_0, 6, false),
+        (ProtocolVersion::V8_0_0, 7, false),
+        (ProtocolVersion::V7_0_0, 16, true),
+        (ProtocolVersion::V8_0_0, 17, true),
+    ] {
         let mut pair = Pair::new(version, version, seed);
+        if in_place {
+            pair = pair.in_place();
+        }
         pair.connect();
         let len = 40 << 20; // more than two 16 MiB chunks
         let (buffer, base) = pair.alloc(len as u64 + 64);
@@ -253,13 +340,25 @@ fn set_and_get_round_trip_in_bounded_chunks() {
             }),
             data: data.clone(),
         });
-        assert!(pair.largest_chunk <= 16 << 20 && pair.largest_chunk > 0);
+        assert!(pair.largest_chunk <= 16 << 20);
+        if in_place {
+            // most of the data went straight to memory; what arrived with the header did not
+            assert!(
+                pair.received_in_place > len / 2,
+                "{}",
+                pair.received_in_place
+            );
+            assert!(pair.received_in_place <= len);
+        } else {
+            assert!(pair.largest_chunk > 0);
+        }
         let response = pair.call(Request::GetTensor {
             tensor: Box::new(tensor.clone()),
             offset: 0,
             size: len as u64,
         });
         assert_eq!(response, Response::TensorData(data.clone()));
+        assert_eq!(pair.sent_in_place, if in_place { len } else { 0 });
         // odd offset and size
         let response = pair.call(Request::GetTensor {
             tensor: Box::new(tensor),
@@ -272,7 +371,19 @@ fn set_and_get_round_trip_in_bounded_chunks() {
 
 #[test]
 fn memset_copy_clear_and_2d() {
-    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 8);
+    memset_copy_clear_and_2d_with(Pair::new(
+        ProtocolVersion::V8_0_0,
+        ProtocolVersion::V8_0_0,
+        8,
+    ));
+    for seed in 30..40 {
+        memset_copy_clear_and_2d_with(
+            Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, seed).in_place(),
+        );
+    }
+}
+
+fn memset_copy_clear_and_2d_with(mut pair: Pair) {
     pair.connect();
     let (buffer, base) = pair.alloc(4096);
     let a = tensor_at(1, buffer, base, [64, 1, 1, 1]);
@@ -354,7 +465,8 @@ fn tensor_cache_hit_miss_and_corrupt_entry() {
     let cache = Arc::new(MemoryTensorCache::default());
     let mut config = DispatcherConfig::new(ProtocolVersion::V8_0_0);
     config.tensor_cache = Some(cache.clone());
-    let mut pair = Pair::with_config(ProtocolVersion::V8_0_0, config, 10);
+    // in-place mode: data that also goes to the cache takes the buffered path
+    let mut pair = Pair::with_config(ProtocolVersion::V8_0_0, config, 10).in_place();
     pair.connect();
     let (buffer, base) = pair.alloc(1024);
     let tensor = tensor_at(1, buffer, base, [256, 1, 1, 1]);
@@ -375,6 +487,7 @@ fn tensor_cache_hit_miss_and_corrupt_entry() {
         data: Bytes::from(data.clone()),
     });
     assert!(cache.contains(hash));
+    assert_eq!(pair.received_in_place, 0);
     pair.cast(Request::BufferClear { buffer, value: 0 });
     assert_eq!(pair.call(ask(&tensor)), Response::SetTensorHash(1));
     assert_eq!(
@@ -524,4 +637,107 @@ fn overlapping_2d_read_is_refused_before_allocating() {
         pair.server_error.as_ref().map(Error::kind),
         Some(ErrorKind::MessageTooLarge)
     );
+}
+
+#[test]
+fn in_place_2d_rows_land_in_their_rows() {
+    for seed in 50..56 {
+        let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, seed).in_place();
+        pair.connect();
+        let (buffer, base) = pair.alloc(8 << 20);
+        let a = tensor_at(1, buffer, base, [(2 << 20) as u32, 1, 1, 1]);
+        let rows = Tensor2dHeader {
+            tensor: a.clone(),
+            offset: 100,
+            size: 1 << 20,
+            n_copies: 5,
+            stride: (1 << 20) + 333,
+        };
+        let data = pattern(5 << 20, 4);
+        pair.cast(Request::SetTensor2d {
+            header: Box::new(rows.clone()),
+            data: Bytes::from(data.clone()),
+        });
+        let Response::TensorData(whole) = pair.call(Request::GetTensor {
+            tensor: Box::new(a),
+            offset: 0,
+            size: 8 << 20,
+        }) else {
+            panic!()
+        };
+        for row in 0..5 {
+            let at = 100 + row * ((1 << 20) + 333);
+            assert_eq!(
+                &whole[at..at + (1 << 20)],
+                &data[row << 20..(row + 1) << 20],
+                "seed {seed} row {row}"
+            );
+        }
+        assert!(pair.received_in_place > 0, "seed {seed}");
+    }
+}
+
+#[test]
+fn in_place_misuse_is_an_error_not_a_corruption() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 60);
+    pair.connect();
+    // nothing streams: no capacity, and the dispatcher declines
+    assert_eq!(pair.server.in_place_capacity(), 0);
+    assert!(pair.server.data_received_in_place(1).is_err());
+    assert_eq!(
+        pair.dispatcher
+            .receive_in_place(&mut pair.server, &mut |_| unreachable!())
+            .unwrap(),
+        None
+    );
+    assert!(pair.server.response_data_sent_in_place(1).is_err());
+
+    // a SET_TENSOR header without its data: the write streams, nothing buffered
+    let (buffer, base) = pair.alloc(4096);
+    let tensor = tensor_at(1, buffer, base, [1024, 1, 1, 1]);
+    let mut head = bytes::BytesMut::new();
+    Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor,
+            cache_flag: 0,
+            offset: 0,
+        }),
+        data: Bytes::from(vec![0u8; 4096]),
+    }
+    .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
+    .unwrap();
+    pair.server.handle_input(head.freeze());
+    let event = pair.server.poll_event().unwrap().unwrap();
+    assert!(matches!(
+        event,
+        ServerEvent::TensorWriteBegin { data_len: 4096, .. }
+    ));
+    pair.dispatcher.handle(event).unwrap();
+    assert_eq!(pair.server.in_place_capacity(), 4096);
+    // a receive that claims more than it was lent is refused
+    let error = pair
+        .dispatcher
+        .receive_in_place(&mut pair.server, &mut |dst| dst.len() + 1)
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Backend);
+    // the session refuses more than the capacity
+    assert!(pair.server.data_received_in_place(4097).is_err());
+    // partial receives add up, then the write ends
+    for _ in 0..4 {
+        let n = pair
+            .dispatcher
+            .receive_in_place(&mut pair.server, &mut |dst| {
+                dst[..1024].fill(9);
+                1024
+            })
+            .unwrap();
+        assert_eq!(n, Some(1024));
+    }
+    assert_eq!(pair.server.in_place_capacity(), 0);
+    let end = pair.server.poll_event().unwrap().unwrap();
+    assert_eq!(end, ServerEvent::TensorWriteEnd);
+    assert!(matches!(
+        pair.dispatcher.handle(end).unwrap(),
+        Outcome::Done
+    ));
 }

@@ -4,18 +4,21 @@
 //!
 //! * Reads: between messages into a 64 KiB scratch buffer, whose filled part is appended to the
 //!   input (small messages: at most one short copy). While a SET_TENSOR / SET_TENSOR_2D payload
-//!   streams in, `min(stream_remaining(), 16 MiB)` bytes are read into a fresh buffer of exactly
-//!   that size, handed to the session whole: the backend receives the data without a second
-//!   copy, in chunks of at most 16 MiB.
+//!   streams in, the socket is read straight into the destination in backend memory
+//!   (`Dispatcher::receive_in_place`: a non-blocking `recv` into the lent region). Where that
+//!   is not possible (data buffered with the header, the tensor cache storing it too, a backend
+//!   without host memory), `min(stream_remaining(), 16 MiB)` bytes are read into a fresh buffer
+//!   of exactly that size, handed to the session whole: no second copy either way.
 //! * Writes: the session's transmit queue is written with vectored writes straight from its
-//!   `Bytes` (a large GET_TENSOR reply one 16 MiB piece at a time).
+//!   `Bytes`; a large GET_TENSOR reply goes straight from backend memory
+//!   (`Dispatcher::send_in_place`), else one 16 MiB piece at a time.
 //! * Blocking backend calls (graph compute, large reads, writes, copies and fills, cache file
 //!   I/O) run on the `blocking` thread pool: the connection's `Core` (session and dispatcher,
 //!   one box) moves there for the call and comes back, so the executor threads keep serving
 //!   the other connections.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -216,6 +219,17 @@ pub async fn serve_connection(
         let remaining = session.stream_remaining();
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
+            if session.in_place_capacity() > 0 {
+                match receive_direct(stream, driver.core()).await? {
+                    Direct::Moved => continue,
+                    Direct::Eof => {
+                        driver.core().session.handle_eof()?;
+                        return Ok(Closed::ByClient);
+                    }
+                    Direct::Declined => {}
+                }
+            }
+            let session = &mut driver.core().session;
             let want =
                 usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
             let (chunk, eof) = read_chunk(stream, want).await?;
@@ -303,6 +317,11 @@ async fn send_reply(
         .session
         .begin_response_stream(reply.command(), reply.len())?;
     let mut reply = Box::new(reply);
+    // The head goes first, then the data straight from backend memory.
+    flush(stream, &mut driver.core().session).await?;
+    if let Direct::Moved = send_direct(stream, driver.core(), &mut reply).await? {
+        return Ok(());
+    }
     loop {
         let (back, piece) = driver
             .blocking(move |core| {
@@ -320,6 +339,87 @@ async fn send_reply(
     }
     flush(stream, &mut driver.core().session).await?;
     Ok(())
+}
+
+/// How a direct transfer between the socket and backend memory went.
+enum Direct {
+    /// Some bytes moved.
+    Moved,
+    /// The peer closed its side.
+    Eof,
+    /// Not possible now: take the buffered path.
+    Declined,
+}
+
+/// Receives the next part of the streamed write straight into backend memory.
+async fn receive_direct(
+    stream: &Async<TcpStream>,
+    core: &mut Core,
+) -> Result<Direct, ConnectionError> {
+    loop {
+        stream.readable().await?;
+        let mut outcome = None;
+        let placed = core
+            .dispatcher
+            .receive_in_place(&mut core.session, &mut |dst| {
+                let result = stream.get_ref().read(dst);
+                let n = *result.as_ref().unwrap_or(&0);
+                outcome = Some(result);
+                n
+            })?;
+        match (placed, outcome) {
+            (None, _) | (_, None) => return Ok(Direct::Declined),
+            (Some(_), Some(Ok(0))) => return Ok(Direct::Eof),
+            (Some(_), Some(Ok(_))) => return Ok(Direct::Moved),
+            (Some(_), Some(Err(error)))
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            (Some(_), Some(Err(error))) => return Err(error.into()),
+        }
+    }
+}
+
+/// Sends the rest of a streamed reply (its head already written) straight from backend
+/// memory; `Declined` if the backend cannot lend its memory (nothing was sent then).
+async fn send_direct(
+    stream: &Async<TcpStream>,
+    core: &mut Core,
+    reply: &mut TensorReadStream,
+) -> Result<Direct, ConnectionError> {
+    while reply.remaining() > 0 {
+        stream.writable().await?;
+        let mut failure = None;
+        let sent = core
+            .dispatcher
+            .send_in_place(
+                reply,
+                &mut core.session,
+                &mut |src| match stream.get_ref().write(src) {
+                    Ok(n) => n,
+                    Err(error) => {
+                        failure = Some(error);
+                        0
+                    }
+                },
+            )?;
+        if sent.is_none() {
+            return Ok(Direct::Declined);
+        }
+        match failure {
+            Some(error)
+                if !matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Err(error.into())
+            }
+            _ => {}
+        }
+    }
+    Ok(Direct::Moved)
 }
 
 /// Runs COMM_INIT (a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE (a failure closes

@@ -8,7 +8,8 @@
 //!
 //! Bulk data is never copied: [`Client::set_tensor`] writes the frame header and then the
 //! caller's [`Bytes`] as two separate writes (as the newest reference client does), and
-//! [`Client::get_tensor`] reads the payload into one buffer of exactly its size and returns it.
+//! [`Client::get_tensor`] reads the payload into one buffer of exactly its size and returns it
+//! ([`Client::get_tensor_into`]: into a buffer the caller provides and may reuse).
 
 use std::net::SocketAddr;
 
@@ -280,6 +281,37 @@ impl Client {
         }
     }
 
+    /// GET_TENSOR into `buffer` (cleared first; grown when its capacity is below `size`), so
+    /// a caller that reads repeatedly can reuse one allocation: get it back from the returned
+    /// `Bytes` with [`Bytes::try_into_mut`] once every clone is dropped.
+    pub async fn get_tensor_into(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        buffer: BytesMut,
+    ) -> Result<Bytes, ClientError> {
+        let request = Request::GetTensor {
+            tensor: Box::new(tensor.clone()),
+            offset,
+            size,
+        };
+        self.session.send(&request)?;
+        flush(&mut self.stream, &mut self.session).await?;
+        let event = receive_into(
+            &mut self.stream,
+            &mut self.session,
+            Command::GetTensor,
+            size,
+            Some(buffer),
+        )
+        .await?;
+        match event {
+            ClientEvent::Response(Response::TensorData(data)) => Ok(data),
+            _ => Err(unexpected()),
+        }
+    }
+
     /// SET_TENSOR_2D (protocol 8): `n_copies` rows of `size` bytes, packed back to back in
     /// `data`, written `stride` bytes apart from `offset` on.
     pub async fn set_tensor_2d(
@@ -495,7 +527,18 @@ async fn receive(
     command: Command,
     expected: u64,
 ) -> Result<ClientEvent, ClientError> {
-    if expected > SMALL_RESPONSE {
+    receive_into(stream, session, command, expected, None).await
+}
+
+/// [`receive`], with the payload of a large response read into `buffer` when given.
+async fn receive_into(
+    stream: &mut TcpStream,
+    session: &mut ClientSession,
+    command: Command,
+    expected: u64,
+    buffer: Option<BytesMut>,
+) -> Result<ClientEvent, ClientError> {
+    if expected > SMALL_RESPONSE || buffer.is_some() {
         // Header first, so a wrong size is reported instead of waited for...
         let mut head = [0u8; RESPONSE_HEADER_SIZE];
         read_exact(stream, &mut head).await?;
@@ -511,7 +554,14 @@ async fn receive(
                 expected,
                 got: expected,
             })?;
-        let mut payload = BytesMut::with_capacity(len);
+        let mut payload = match buffer {
+            Some(mut buffer) => {
+                buffer.clear();
+                buffer.reserve(len);
+                buffer
+            }
+            None => BytesMut::with_capacity(len),
+        };
         while payload.len() < len {
             let room = len - payload.len();
             if stream

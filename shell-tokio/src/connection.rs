@@ -5,13 +5,17 @@
 //!
 //! Reads: between messages the driver reads into one reusable buffer and hands the filled part
 //! to the session (`split().freeze()`, no copy). While a SET_TENSOR / SET_TENSOR_2D payload
-//! streams in, it reads `min(stream_remaining(), 16 MiB)` bytes into a fresh buffer of exactly
-//! that size and hands the whole piece over, so the session slices the data out of it and the
-//! backend receives it without a second copy, in chunks of at most 16 MiB.
+//! streams in over TCP, the socket is read straight into the destination in backend memory
+//! ([`Dispatcher::receive_in_place`]: a non-blocking `recv` into the lent region), so the data
+//! is copied once, by the kernel. Where that is not possible (data already buffered with the
+//! header, the tensor cache also storing it, a backend without host memory, a non-TCP stream)
+//! it reads `min(stream_remaining(), 8 MiB)` bytes into a fresh buffer of exactly that size
+//! and hands the whole piece over, so the backend receives it without a second copy.
 //!
-//! Writes: the session's transmit queue (a response header, then for GET_TENSOR the tensor
-//! bytes as the backend produced them) is written with vectored writes straight from those
-//! `Bytes`: no frame is ever assembled in a second buffer.
+//! Writes: the session's transmit queue (a response header, small replies) is written with
+//! vectored writes straight from its `Bytes`: no frame is ever assembled in a second buffer.
+//! A large GET_TENSOR reply is sent straight from backend memory over TCP
+//! ([`Dispatcher::send_in_place`]), else piece by piece through the queue.
 //!
 //! Blocking backend calls: commands that may take long (graph compute, large reads, writes,
 //! copies and fills, cache file I/O) run under [`tokio::task::block_in_place`] when the
@@ -93,6 +97,91 @@ pub enum ConnectionError {
     Io(#[from] io::Error),
 }
 
+/// A byte stream that may also be read into and written from borrowed memory without
+/// blocking: a TCP socket. Tensor data then moves between the socket and backend memory with
+/// no buffer in between. Other streams (in-memory pipes in tests) keep the default `None` and
+/// take the buffered path.
+pub trait DirectIo {
+    /// The TCP socket under the stream, when it is one.
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl DirectIo for TcpStream {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
+}
+
+impl DirectIo for tokio::io::DuplexStream {}
+
+/// How a direct transfer between the socket and backend memory went.
+enum Direct {
+    /// Some bytes moved.
+    Moved,
+    /// The peer closed its side.
+    Eof,
+    /// Not possible now: take the buffered path.
+    Declined,
+}
+
+/// Receives the next part of the streamed write from `socket` straight into backend memory.
+async fn receive_direct(
+    socket: &TcpStream,
+    session: &mut ServerSession,
+    dispatcher: &mut Dispatcher<dyn Backend>,
+) -> Result<Direct, ConnectionError> {
+    loop {
+        socket.readable().await?;
+        let mut outcome = None;
+        let placed = dispatcher.receive_in_place(session, &mut |dst| {
+            let result = socket.try_read(dst);
+            let n = *result.as_ref().unwrap_or(&0);
+            outcome = Some(result);
+            n
+        })?;
+        match (placed, outcome) {
+            (None, _) | (_, None) => return Ok(Direct::Declined),
+            (Some(_), Some(Ok(0))) => return Ok(Direct::Eof),
+            (Some(_), Some(Ok(_))) => return Ok(Direct::Moved),
+            (Some(_), Some(Err(error))) if error.kind() == io::ErrorKind::WouldBlock => {}
+            (Some(_), Some(Err(error))) => return Err(error.into()),
+        }
+    }
+}
+
+/// Sends the rest of a streamed reply (its head already written) from backend memory straight
+/// to `socket`; `Declined` if the backend cannot lend its memory (nothing was sent then).
+async fn send_direct(
+    socket: &TcpStream,
+    session: &mut ServerSession,
+    // `&mut`: held across awaits, and the dispatcher is Send but not Sync.
+    dispatcher: &mut Dispatcher<dyn Backend>,
+    reply: &mut TensorReadStream,
+) -> Result<Direct, ConnectionError> {
+    while reply.remaining() > 0 {
+        socket.writable().await?;
+        let mut failure = None;
+        let sent =
+            dispatcher.send_in_place(reply, session, &mut |src| match socket.try_write(src) {
+                Ok(n) => n,
+                Err(error) => {
+                    failure = Some(error);
+                    0
+                }
+            })?;
+        if sent.is_none() {
+            return Ok(Direct::Declined);
+        }
+        match failure {
+            Some(error) if error.kind() != io::ErrorKind::WouldBlock => return Err(error.into()),
+            _ => {}
+        }
+    }
+    Ok(Direct::Moved)
+}
+
 /// Runs an accepted TCP client to its end and logs how it ended.
 pub(crate) async fn run(
     stream: TcpStream,
@@ -138,7 +227,7 @@ pub async fn serve_connection<S>(
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Closed, ConnectionError>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
     let mut session = ServerSession::new(config.session.clone());
     let mut dispatcher = Dispatcher::new(backend, config.dispatcher.clone())?;
@@ -185,6 +274,18 @@ where
         if remaining > 0 {
             // Streamed tensor data: finish it even during shutdown (the grace period bounds
             // that), so a client never gets half a tensor written.
+            if let Some(socket) = stream.socket() {
+                if session.in_place_capacity() > 0 {
+                    match receive_direct(socket, &mut session, &mut dispatcher).await? {
+                        Direct::Moved => continue,
+                        Direct::Eof => {
+                            session.handle_eof()?;
+                            return Ok(Closed::ByClient);
+                        }
+                        Direct::Declined => {}
+                    }
+                }
+            }
             let want =
                 usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
             let (chunk, eof) = read_chunk(stream, want).await?;
@@ -259,7 +360,7 @@ fn process_events(
 
 /// Writes a large GET_TENSOR reply one piece (at most 16 MiB) at a time, so the server never
 /// holds more than one piece of it.
-async fn send_reply<S: AsyncWrite + Unpin>(
+async fn send_reply<S: AsyncWrite + DirectIo + Unpin>(
     stream: &mut S,
     session: &mut ServerSession,
     // `&mut`, not `&`: the future must be Send, and the dispatcher is Send but not Sync.
@@ -267,6 +368,17 @@ async fn send_reply<S: AsyncWrite + Unpin>(
     mut reply: TensorReadStream,
 ) -> Result<(), ConnectionError> {
     session.begin_response_stream(reply.command(), reply.len())?;
+    if let Some(socket) = stream.socket() {
+        // The head goes first, then the data straight from backend memory.
+        let mut queue = Vec::new();
+        while let Some(bytes) = session.poll_transmit() {
+            queue.push(bytes);
+        }
+        write_all_vectored_socket(socket, queue).await?;
+        if let Direct::Moved = send_direct(socket, session, dispatcher, &mut reply).await? {
+            return Ok(());
+        }
+    }
     while let Some(piece) = run_blocking(|| dispatcher.read_chunk(&mut reply))? {
         session.send_response_data(piece)?;
         flush(stream, session).await?;
@@ -364,6 +476,63 @@ async fn flush<S: AsyncWrite + Unpin>(
         queue.push(bytes);
     }
     write_all_vectored(stream, queue).await
+}
+
+/// [`write_all_vectored`] through a shared reference to a TCP socket.
+async fn write_all_vectored_socket(socket: &TcpStream, queue: Vec<Bytes>) -> io::Result<()> {
+    let mut writer = SocketWriter(socket);
+    write_all_vectored(&mut writer, queue).await
+}
+
+/// `AsyncWrite` over `&TcpStream` (tokio implements it for `TcpStream` only by `&mut`).
+struct SocketWriter<'a>(&'a TcpStream);
+
+impl AsyncWrite for SocketWriter<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return std::task::Poll::Ready(other),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write_vectored(bufs) {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return std::task::Poll::Ready(other),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// Writes a list of buffers in order, as few system calls as the socket allows.

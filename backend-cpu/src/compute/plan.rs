@@ -988,7 +988,9 @@ impl Checker<'_> {
         // pair, and vision mode (which rotates the whole row) takes none.
         let n_offs = params.n_offs;
         if n_offs % 2 != 0
-            || n_offs.checked_add(params.n_dims).is_none_or(|end| end > ne0)
+            || n_offs
+                .checked_add(params.n_dims)
+                .map_or(true, |end| end > ne0)
             || (params.mode == VISION && n_offs != 0)
         {
             return Err(self.bad(format!(

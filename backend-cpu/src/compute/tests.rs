@@ -1508,7 +1508,13 @@ fn rope_rotates_a_window_at_an_offset_and_copies_the_rest() {
         let mut g = G::new();
         let a = g.input(t, ne, &x);
         let p = g.ids(ty::I32, [4, 1, 1, 1], &pos);
-        let r = g.node(Op::ROPE, t, ne, &[a, p], &rope_params(n_dims, mode, n_offs as i32));
+        let r = g.node(
+            Op::ROPE,
+            t,
+            ne,
+            &[a, p],
+            &rope_params(n_dims, mode, n_offs as i32),
+        );
         let out = g.run(2).unwrap();
         let want = rope_reference(
             &stored(t, &x),
@@ -1527,7 +1533,12 @@ fn rope_rotates_a_window_at_an_offset_and_copies_the_rest() {
         );
         let got = g.read(&out, r);
         let tolerance = if t == ty::F16 { 1e-6 } else { 1e-9 };
-        assert_close(&got, &want, tolerance, &format!("rope offset mode {mode} type {t}"));
+        assert_close(
+            &got,
+            &want,
+            tolerance,
+            &format!("rope offset mode {mode} type {t}"),
+        );
         // dimensions outside the window are copied unchanged
         let stored_x = stored(t, &x);
         for i in all(ne) {

@@ -145,6 +145,26 @@ impl Backend for MemoryBackend {
         self.with_region(at, out.len() as u64, |region| out.copy_from_slice(region))
     }
 
+    fn write_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        self.with_region(at, len as u64, |region| fill(region))
+            .map(Some)
+    }
+
+    fn read_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        drain: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        self.with_region(at, len as u64, |region| drain(region))
+            .map(Some)
+    }
+
     fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()> {
         self.with_region(at, len, |region| region.fill(value))
     }

@@ -74,6 +74,36 @@ pub trait Backend: Send + Sync {
         self.read(at, &mut data)?;
         Ok(data.into())
     }
+    /// Lends the `len` bytes at a location to `fill` for writing in place and returns how
+    /// many of them, from the start, `fill` says it wrote; `Ok(None)` when this backend's
+    /// memory is not host-addressable (the default), so the caller writes through
+    /// [`Backend::write`] instead.
+    ///
+    /// This is how a shell receives SET_TENSOR data from its socket straight into device
+    /// memory with no intermediate buffer: `fill` is a non-blocking receive. It must return
+    /// quickly (the region may be locked while it runs) and never more than the slice length.
+    fn write_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        let _ = (at, len, fill);
+        Ok(None)
+    }
+    /// Lends the `len` bytes at a location to `drain` for reading in place and returns how
+    /// many of them, from the start, `drain` says it consumed; `Ok(None)` when this backend's
+    /// memory is not host-addressable (the default). The GET_TENSOR counterpart of
+    /// [`Backend::write_in_place`]: `drain` is a non-blocking send.
+    fn read_in_place(
+        &self,
+        at: TensorLocation,
+        len: usize,
+        drain: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        let _ = (at, len, drain);
+        Ok(None)
+    }
     /// Sets `len` bytes at a location to `value`.
     fn fill(&self, at: TensorLocation, len: u64, value: u8) -> Result<()>;
     /// Copies `len` bytes between buffers of this backend; `Ok(false)` if this pair of buffers

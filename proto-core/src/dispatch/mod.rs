@@ -499,6 +499,80 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         Ok(Some(data.into()))
     }
 
+    /// Sends the next part of a streamed reply straight from backend memory: `drain` (a
+    /// non-blocking send) is lent the next contiguous region, at most [`MAX_REPLY_CHUNK`]
+    /// bytes, and returns how many bytes it sent; the session is told
+    /// ([`ServerSession::response_data_sent_in_place`]). Call after
+    /// [`ServerSession::begin_response_stream`] once the session's transmits are written out.
+    ///
+    /// `Ok(Some(n))`: `n` bytes sent (0 when the peer could take none now); `Ok(None)`: the
+    /// backend's memory is not host-addressable, so the shell uses [`read_chunk`](Self::read_chunk).
+    pub fn send_in_place(
+        &self,
+        stream: &mut TensorReadStream,
+        session: &mut ServerSession,
+        drain: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        let remaining = stream.remaining();
+        if remaining == 0 {
+            return Ok(Some(0));
+        }
+        let (at, take) = stream
+            .target
+            .locate(stream.produced, remaining.min(MAX_REPLY_CHUNK));
+        let take = to_usize(take)?;
+        let Some(sent) = self.backend.read_in_place(at, take, drain)? else {
+            return Ok(None);
+        };
+        if sent > take {
+            return Err(Error::Backend(
+                "in-place send reported more bytes than it was lent".into(),
+            ));
+        }
+        session.response_data_sent_in_place(sent as u64)?;
+        stream.produced += sent as u64;
+        Ok(Some(sent))
+    }
+
+    /// Receives the next part of the streamed SET_TENSOR / SET_TENSOR_2D data straight into
+    /// backend memory: `fill` (a non-blocking receive) is lent the next contiguous destination
+    /// region, at most [`ServerSession::in_place_capacity`] bytes, and returns how many bytes
+    /// it received; the session is told ([`ServerSession::data_received_in_place`]), and its
+    /// next event ends the write once all data arrived. Data never passes through a buffer
+    /// of the shell's.
+    ///
+    /// `Ok(Some(n))`: `n` bytes placed (0 when none were available). `Ok(None)`: not possible
+    /// now — the session holds buffered data of the write (feed it events first), no write is
+    /// in progress, the write also goes to the tensor cache, or the backend's memory is not
+    /// host-addressable — so the shell reads into a buffer and calls
+    /// [`ServerSession::handle_input`] as usual.
+    pub fn receive_in_place(
+        &mut self,
+        session: &mut ServerSession,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<Option<usize>> {
+        let capacity = session.in_place_capacity();
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(None);
+        };
+        if capacity == 0 || stream.cache.is_some() {
+            return Ok(None);
+        }
+        let (at, take) = stream.target.locate(stream.written, capacity);
+        let take = to_usize(take)?;
+        let Some(received) = self.backend.write_in_place(at, take, fill)? else {
+            return Ok(None);
+        };
+        if received > take {
+            return Err(Error::Backend(
+                "in-place receive reported more bytes than it was lent".into(),
+            ));
+        }
+        stream.written += received as u64;
+        session.data_received_in_place(received as u64)?;
+        Ok(Some(received))
+    }
+
     /// Sends a streamed reply into the session in one go, for callers that need not write
     /// between pieces (tests, fuzzing). Shells write out each piece before reading the next.
     pub fn stream_reply(

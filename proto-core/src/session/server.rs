@@ -128,6 +128,34 @@ impl ServerSession {
         }
     }
 
+    /// How many bytes of the streamed write in progress a shell may place straight into their
+    /// destination now, bypassing [`handle_input`](Self::handle_input) (see
+    /// `Dispatcher::receive_in_place`): up to one chunk while nothing of the write is buffered
+    /// here, else 0. The shell must have handed every event polled so far to the dispatcher.
+    pub fn in_place_capacity(&self) -> u64 {
+        match self.state {
+            State::Streaming { remaining } if self.input.is_empty() && self.pending.is_none() => {
+                remaining.min(self.config.max_chunk as u64)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Records that `n` bytes of the streamed write were placed in their destination directly
+    /// (at most [`in_place_capacity`](Self::in_place_capacity)); once none remain,
+    /// [`poll_event`](Self::poll_event) ends the write with [`ServerEvent::TensorWriteEnd`].
+    pub fn data_received_in_place(&mut self, n: u64) -> Result<()> {
+        if n > self.in_place_capacity() {
+            return Err(Error::InvalidState(
+                "in-place data beyond the streamed write's capacity",
+            ));
+        }
+        if let State::Streaming { remaining } = &mut self.state {
+            *remaining -= n;
+        }
+        Ok(())
+    }
+
     /// Whether a response is owed before more events are produced.
     pub fn awaiting_response(&self) -> Option<Command> {
         self.pending.map(|p| p.command)
@@ -308,6 +336,33 @@ impl ServerSession {
             self.transmit.push_back(data);
         }
         if remaining == len {
+            self.pending = None;
+        }
+        Ok(())
+    }
+
+    /// Records that `n` bytes of the streamed reply in progress were written to the peer
+    /// directly from their source (`Dispatcher::send_in_place`) instead of through
+    /// [`send_response_data`](Self::send_response_data). Only while nothing is queued for
+    /// transmission: the reply's head and earlier pieces must be on the wire first.
+    pub fn response_data_sent_in_place(&mut self, n: u64) -> Result<()> {
+        if !self.transmit.is_empty() {
+            return Err(Error::InvalidState(
+                "in-place reply data while transmits are queued",
+            ));
+        }
+        let pending = self
+            .pending
+            .as_mut()
+            .ok_or(Error::InvalidState("no response is owed"))?;
+        let remaining = pending
+            .streaming
+            .ok_or(Error::InvalidState("no streamed reply"))?;
+        if n > remaining {
+            return Err(Error::InvalidState("streamed reply longer than announced"));
+        }
+        pending.streaming = Some(remaining - n);
+        if remaining == n {
             self.pending = None;
         }
         Ok(())
