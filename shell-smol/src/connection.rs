@@ -391,19 +391,18 @@ async fn send_direct(
     while reply.remaining() > 0 {
         stream.writable().await?;
         let mut failure = None;
-        let sent = core
-            .dispatcher
-            .send_in_place(
-                reply,
-                &mut core.session,
-                &mut |src| match stream.get_ref().write(src) {
+        let sent =
+            core.dispatcher
+                .send_in_place(reply, &mut core.session, &mut |src| match stream
+                    .get_ref()
+                    .write(src)
+                {
                     Ok(n) => n,
                     Err(error) => {
                         failure = Some(error);
                         0
                     }
-                },
-            )?;
+                })?;
         if sent.is_none() {
             return Ok(Direct::Declined);
         }

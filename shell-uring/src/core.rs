@@ -4,6 +4,8 @@
 //! link).
 
 use std::collections::HashMap;
+use std::io;
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,8 +60,11 @@ pub(crate) struct Core {
     dispatcher: Dispatcher<dyn Backend>,
     links: HashMap<u32, CommLink>,
     comm_timeout: Duration,
-    /// A large reply in progress, read from the backend one piece at a time.
+    /// A large reply in progress, read from the backend one piece at a time (or sent straight
+    /// from it, see [`send_direct`](Self::send_direct)).
     reply: Option<TensorReadStream>,
+    /// Whether the backend lent its memory for direct sends so far (it is asked once).
+    pub direct_replies: bool,
     /// Bytes to write, in order.
     pub outbox: Vec<Bytes>,
 }
@@ -75,6 +80,7 @@ impl Core {
             links: HashMap::new(),
             comm_timeout: config.comm_timeout,
             reply: None,
+            direct_replies: true,
             outbox: Vec::new(),
         })
     }
@@ -174,6 +180,54 @@ impl Core {
             }
         }
         Ok(None)
+    }
+
+    /// Receives the next part of the streamed write from `stream` straight into backend
+    /// memory (one non-blocking `recv`). `None`: not possible now (see
+    /// `Dispatcher::receive_in_place`), receive into a buffer instead.
+    pub(crate) fn receive_direct(
+        &mut self,
+        stream: &TcpStream,
+    ) -> proto_core::Result<Option<io::Result<usize>>> {
+        let mut outcome = None;
+        let placed = self
+            .dispatcher
+            .receive_in_place(&mut self.session, &mut |dst| {
+                let result = crate::ring::recv_now(stream, dst);
+                let n = *result.as_ref().unwrap_or(&0);
+                outcome = Some(result);
+                n
+            })?;
+        Ok(placed.and(outcome))
+    }
+
+    /// Sends the next part of the reply in progress (its head already written) straight from
+    /// backend memory to `stream` (one non-blocking `send`). `None`: the backend does not lend
+    /// its memory (nothing was sent; the reply goes piece by piece through the outbox).
+    pub(crate) fn send_direct(
+        &mut self,
+        stream: &TcpStream,
+    ) -> proto_core::Result<Option<io::Result<usize>>> {
+        let Some(reply) = self.reply.as_mut() else {
+            return Ok(Some(Ok(0)));
+        };
+        let mut outcome = None;
+        let sent = self
+            .dispatcher
+            .send_in_place(reply, &mut self.session, &mut |src| {
+                let result = crate::ring::send_now(stream, src);
+                let n = *result.as_ref().unwrap_or(&0);
+                outcome = Some(result);
+                n
+            })?;
+        if sent.is_none() {
+            self.direct_replies = false;
+            return Ok(None);
+        }
+        if reply.remaining() == 0 {
+            self.reply = None;
+        }
+        Ok(Some(outcome.unwrap_or(Ok(0))))
     }
 
     /// Reads the next piece of the reply in progress and queues it.

@@ -53,6 +53,8 @@ pub(crate) enum Completion {
         bufs: Vec<Bytes>,
         result: io::Result<usize>,
     },
+    /// A socket became ready ([`Ring::poll`]); `Ok` holds the poll events.
+    Ready(io::Result<usize>),
     /// The eventfd was signalled.
     Wake,
     /// A timer fired (or was cancelled).
@@ -64,6 +66,7 @@ pub(crate) enum Completion {
 /// What a slot keeps alive while its operation is in flight.
 enum Owned {
     Accept,
+    Poll,
     Recv(BytesMut),
     Send {
         bufs: Vec<Bytes>,
@@ -123,6 +126,7 @@ impl Ring {
             (opcode::Timeout::CODE, "TIMEOUT"),
             (opcode::LinkTimeout::CODE, "LINK_TIMEOUT"),
             (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+            (opcode::PollAdd::CODE, "POLL_ADD"),
         ] {
             if !probe.is_supported(code) {
                 return Err(io::Error::new(
@@ -295,6 +299,24 @@ impl Ring {
         OpId(user_data)
     }
 
+    /// Completes once `fd` can be read (or, with `writable`, written) without blocking: the
+    /// readiness half of a transfer done with [`recv_now`] / [`send_now`] straight between
+    /// the socket and memory that must not be lent to the kernel across completions.
+    pub(crate) fn poll(&mut self, tag: Tag, fd: RawFd, writable: bool) -> OpId {
+        let (user_data, _) = self.slot(tag, Owned::Poll);
+        let mask = if writable {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN
+        };
+        let entry = opcode::PollAdd::new(types::Fd(fd), mask as u32)
+            .build()
+            .user_data(user_data);
+        // SAFETY: no buffers.
+        unsafe { self.push(entry) };
+        OpId(user_data)
+    }
+
     /// Waits for the eventfd to be signalled.
     pub(crate) fn wait_wake(&mut self, tag: Tag, eventfd: &EventFd) -> OpId {
         let (user_data, owned) = self.slot(tag, Owned::Wake(Box::new([0; 8])));
@@ -420,6 +442,7 @@ impl Ring {
                     bufs,
                     result: outcome,
                 },
+                Owned::Poll => Completion::Ready(outcome),
                 Owned::Wake(_) => Completion::Wake,
                 Owned::Timer { .. } => Completion::Timer,
                 Owned::Internal { .. } => Completion::Internal,
@@ -466,6 +489,46 @@ impl Drop for Ring {
                 }
             }
         }
+    }
+}
+
+/// A non-blocking `recv` into `dst` (`WouldBlock` when nothing is there; `Ok(0)`: end of
+/// stream), for data that goes straight into memory only borrowed for this call.
+pub(crate) fn recv_now(stream: &TcpStream, dst: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `dst` is valid for writes of `dst.len()` bytes for the whole call, and the kernel
+    // writes at most that many; the descriptor is open while `stream` is borrowed.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            dst.as_mut_ptr().cast(),
+            dst.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// A non-blocking `send` of `src` (`WouldBlock` when the socket buffer is full; never
+/// `SIGPIPE`), for data sent straight from memory only borrowed for this call.
+pub(crate) fn send_now(stream: &TcpStream, src: &[u8]) -> io::Result<usize> {
+    // SAFETY: `src` is valid for reads of `src.len()` bytes for the whole call; the descriptor
+    // is open while `stream` is borrowed.
+    let n = unsafe {
+        libc::send(
+            stream.as_raw_fd(),
+            src.as_ptr().cast(),
+            src.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 

@@ -8,9 +8,15 @@
 //!
 //! Per connection the loop is the tokio shell's: drive the [`Core`] until it needs input, write
 //! its transmit queue with one `sendmsg` straight from the response `Bytes`, then receive —
-//! between messages into one reusable 64 KiB buffer, during a streamed write into a fresh buffer
-//! of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session whole so
-//! the backend gets the data without a second copy. Heavy events and comm link work go to a
+//! between messages into one reusable 64 KiB buffer. During a streamed write the data goes
+//! straight into backend memory: a `POLL_ADD` waits until the socket is readable, then one
+//! non-blocking `recv` fills the destination region the dispatcher lends for that call (memory
+//! the kernel must not hold across completions, so no `RECV` op points into it). A large
+//! GET_TENSOR reply is sent the same way: `POLL_ADD` for writability, then a non-blocking
+//! `send` from the lent region. Where the dispatcher declines (the tensor cache also stores
+//! the data, data arrived buffered with the header, a backend without host memory), streamed
+//! data is received into a buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`,
+//! handed to the session whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to a
 //! blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
 
@@ -284,6 +290,10 @@ enum OpKind {
     Idle,
     /// Receiving streamed tensor data.
     Stream,
+    /// Waiting until streamed tensor data can be received straight into backend memory.
+    StreamReady,
+    /// Waiting until a large reply can be sent straight from backend memory.
+    ReplyReady,
     Send,
 }
 
@@ -311,6 +321,9 @@ struct Conn {
     parked: Option<Stop>,
     /// Set when the connection fails while an operation is in flight: close once it is done.
     ending: Option<Ending>,
+    /// The streamed write in progress is received into buffers (the dispatcher declined to
+    /// lend backend memory for it).
+    buffered_stream: bool,
 }
 
 /// Connections of one ring, addressed by tags that are never reused (index + generation).
@@ -421,6 +434,7 @@ impl Loop {
             Completion::Timer => self.post_accept(),
             Completion::Recv { buf, result } => self.on_recv(tag, buf, result),
             Completion::Send { bufs, result } => self.on_send(tag, bufs, result),
+            Completion::Ready(result) => self.on_ready(tag, result),
         }
     }
 
@@ -486,6 +500,7 @@ impl Loop {
             after_send: AfterSend::Continue,
             parked: None,
             ending: None,
+            buffered_stream: false,
         };
         let tag = self.conns.insert(conn);
         match core {
@@ -613,8 +628,18 @@ impl Loop {
                 core.drive(false)
             }
         };
+        let fd = conn.stream.as_raw_fd();
         match stop {
             Stop::Failed(error) => return self.fail(tag, error),
+            Stop::Work(Work::Reply) if core.direct_replies => {
+                // The head first, then the data straight from backend memory.
+                if !core.outbox.is_empty() {
+                    return self.send_outbox(tag, AfterSend::Continue, None);
+                }
+                let op = self.ring.poll(tag, fd, true);
+                conn.op = Some((op, OpKind::ReplyReady));
+                return;
+            }
             Stop::Work(Work::Reply) => {
                 // The piece read last is sent while the next one is read.
                 if !core.outbox.is_empty() {
@@ -634,10 +659,14 @@ impl Loop {
         if !core.outbox.is_empty() {
             return self.send_outbox(tag, AfterSend::Continue, None);
         }
-        let fd = conn.stream.as_raw_fd();
         let remaining = core.session.stream_remaining();
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
+            if core.session.in_place_capacity() > 0 && !conn.buffered_stream {
+                let op = self.ring.poll(tag, fd, false);
+                conn.op = Some((op, OpKind::StreamReady));
+                return;
+            }
             let want = usize::try_from(remaining)
                 .unwrap_or(usize::MAX)
                 .min(self.shared.stream_chunk);
@@ -647,6 +676,7 @@ impl Loop {
             return;
         }
         conn.held.clear();
+        conn.buffered_stream = false;
         if self.stopping {
             return self.finish(tag, Ending::Shutdown);
         }
@@ -769,6 +799,75 @@ impl Loop {
         match kind {
             Some(OpKind::Stream) => self.stream_received(tag, buf, result),
             _ => self.idle_received(tag, buf, result),
+        }
+    }
+
+    /// A socket polled for a direct transfer is ready: move data straight between it and
+    /// backend memory.
+    fn on_ready(&mut self, tag: Tag, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let kind = conn.op.take().map(|(_, kind)| kind);
+        if let Some(ending) = conn.ending.take() {
+            return self.finish(tag, ending);
+        }
+        if let Err(error) = result {
+            return self.finish(tag, Ending::Io(error));
+        }
+        let Conn {
+            core,
+            stream,
+            buffered_stream,
+            ..
+        } = conn;
+        // A poll is only posted while the core is home, and nothing takes it meanwhile.
+        let Some(core) = core.as_mut() else {
+            return;
+        };
+        let fd = stream.as_raw_fd();
+        let (moved, writable) = match kind {
+            Some(OpKind::StreamReady) => match core.receive_direct(stream) {
+                Err(error) => return self.fail(tag, error),
+                Ok(None) => {
+                    *buffered_stream = true;
+                    return self.advance(tag, None);
+                }
+                Ok(Some(Ok(0))) => {
+                    let ending = match core.session.handle_eof() {
+                        Ok(()) => Ending::ByClient,
+                        Err(error) => Ending::Protocol(error),
+                    };
+                    return self.finish(tag, ending);
+                }
+                Ok(Some(result)) => (result, false),
+            },
+            Some(OpKind::ReplyReady) => match core.send_direct(stream) {
+                Err(error) => return self.fail(tag, error),
+                Ok(None) => return self.offload(tag, Work::Reply),
+                Ok(Some(result)) => (result, true),
+            },
+            _ => return,
+        };
+        match moved {
+            Ok(_) => self.advance(tag, None),
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                let op = self.ring.poll(tag, fd, writable);
+                conn.op = Some((
+                    op,
+                    if writable {
+                        OpKind::ReplyReady
+                    } else {
+                        OpKind::StreamReady
+                    },
+                ));
+            }
+            Err(error) => self.finish(tag, Ending::Io(error)),
         }
     }
 
