@@ -520,6 +520,60 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
     }
 }
 
+/// F32 / F16 into each K-quant through CPY and SET_ROWS: the bytes of `quant::quantize_row`
+/// (ggml's `quantize_row_q*_K_ref`) per row, and back through CPY within the format's error.
+#[test]
+fn cpy_and_set_rows_into_k_quants() {
+    let mut rng = Rng::new(31);
+    for qt in [
+        quant::ty::Q2_K,
+        quant::ty::Q3_K,
+        quant::ty::Q4_K,
+        quant::ty::Q5_K,
+        quant::ty::Q6_K,
+    ] {
+        let (_, size) = type_size(qt);
+        let k = 512;
+        let ne = [k, 3, 2, 1];
+        let values = rng.values(k * 6, 2.0);
+        let mut g = G::new();
+        let a = g.input(ty::F32, ne, &values);
+        let h = g.input(ty::F16, ne, &values);
+        let q = g.node(Op::CPY, qt, ne, &[a], &[]);
+        let qh = g.node(Op::CPY, qt, ne, &[h], &[]);
+        let back = g.node(Op::CPY, ty::F32, ne, &[q], &[]);
+        let ids = g.ids(I64, [3, 2, 1, 1], &[2, 0, 1, 0, 3, 2]);
+        let cache = g.zeros(qt, [k, 4, 2, 1]);
+        let set = g.node_into(Op::SET_ROWS, cache, &[a, ids], &[]);
+        let out = g.run(3).unwrap();
+        let quantize = |rows: &[f32]| {
+            let mut want = vec![0u8; rows.len() / 256 * size];
+            for (row, dst) in rows.chunks(k).zip(want.chunks_mut(k / 256 * size)) {
+                quant::quantize_row(qt, row, dst).unwrap();
+            }
+            want
+        };
+        let want_q = quantize(&values);
+        assert_eq!(g.raw(&out, q), want_q, "CPY F32 -> type {qt}");
+        let halves = stored(ty::F16, &values);
+        assert_eq!(g.raw(&out, qh), quantize(&halves), "CPY F16 -> type {qt}");
+        let mut want_back = vec![0.0f32; values.len()];
+        for (src, dst) in want_q.chunks(k / 256 * size).zip(want_back.chunks_mut(k)) {
+            quant::dequantize_row(qt, src, dst).unwrap();
+        }
+        assert_close(&g.read(&out, back), &wide(&want_back), 0.0, "dequantized");
+        let row_bytes = k / 256 * size;
+        let mut want_set = vec![0u8; 8 * row_bytes];
+        for (n, id) in [2usize, 0, 1, 0, 3, 2].into_iter().enumerate() {
+            let (i1, i2) = (n % 3, n / 3);
+            let d = (i2 * 4 + id) * row_bytes;
+            let row = &values[at(ne, [0, i1, i2, 0])..][..k];
+            quant::quantize_row(qt, row, &mut want_set[d..d + row_bytes]).unwrap();
+        }
+        assert_eq!(g.raw(&out, set), want_set, "SET_ROWS -> type {qt}");
+    }
+}
+
 #[test]
 fn dup_of_quantized_bytes_and_concat_and_repeat() {
     let mut rng = Rng::new(4);

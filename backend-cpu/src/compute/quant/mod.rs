@@ -28,10 +28,12 @@
 //! f32 combination in the same order); the rest is portable code written to auto-vectorize.
 //!
 //! Module layout: `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
-//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `simd.rs` (dispatch and AVX2),
+//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `k_quantize.rs` (their reference
+//! quantizers), `simd.rs` (dispatch and AVX2),
 //! `tests.rs`.
 
 mod float;
+mod k_quantize;
 mod k_quants;
 mod q4;
 mod q5;
@@ -195,7 +197,8 @@ pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
 /// even instead of away from zero); this function follows the AVX code, since that is what
 /// llama.cpp's CPU backend runs. Q8_K, Q4_0, Q4_1, Q5_0 and Q5_1 use the `_ref` quantizers (as
 /// ggml-cpu does), F16 rounds to nearest even, BF16 rounds to nearest even and keeps NaNs quiet
-/// NaNs. K-quant weight formats (Q2_K..Q6_K) are not supported.
+/// NaNs. The K-quant weight formats (Q2_K..Q6_K) use the `_ref` quantizers too (as ggml-cpu
+/// does; no importance matrix).
 pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
     match type_id {
         ty::Q8_0 => {
@@ -214,7 +217,7 @@ pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
 
 /// Quantizes `src.len()` f32 values into `dst` with ggml's reference quantizers
 /// (`quantize_row_*_ref`, ggml's `from_float_ref`), for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0, Q8_1 and Q8_K.
+/// Q8_0, Q8_1, Q8_K and Q2_K..Q6_K.
 pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
     if !matches!(
         type_id,
@@ -228,6 +231,11 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
             | ty::Q8_0
             | ty::Q8_1
             | ty::Q8_K
+            | ty::Q2_K
+            | ty::Q3_K
+            | ty::Q4_K
+            | ty::Q5_K
+            | ty::Q6_K
     ) {
         return Err(unsupported(type_id));
     }
@@ -243,6 +251,11 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
         ty::Q8_0 => q8::quantize_q8_0_ref(src, dst),
         ty::Q8_1 => q8::quantize_q8_1_ref(src, dst),
         ty::Q8_K => simd::quantize_q8_k(src, dst),
+        ty::Q2_K => k_quantize::quantize_q2_k_ref(src, dst),
+        ty::Q3_K => k_quantize::quantize_q3_k_ref(src, dst),
+        ty::Q4_K => k_quantize::quantize_q4_k_ref(src, dst),
+        ty::Q5_K => k_quantize::quantize_q5_k_ref(src, dst),
+        ty::Q6_K => k_quantize::quantize_q6_k_ref(src, dst),
         _ => {}
     }
     Ok(())
