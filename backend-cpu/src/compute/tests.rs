@@ -574,6 +574,65 @@ fn cpy_and_set_rows_into_k_quants() {
     }
 }
 
+/// CONCAT of quantized tensors (ggml-cpu's `concat_any`): whole blocks copied along every
+/// dimension, with contiguous sources and strided views (as test-backend-ops builds them).
+#[test]
+fn concat_of_quantized_tensors_copies_blocks() {
+    let mut rng = Rng::new(32);
+    for qt in [ty::Q4_0, 3, 6, 7, ty::Q8_0, ty::Q4_K] {
+        let (block, size) = type_size(qt);
+        let ne_a = [2 * block, 3, 2, 2];
+        for dim in 0..4 {
+            for strided in [false, true] {
+                let mut ne_b = ne_a;
+                ne_b[dim] = if dim == 0 { 3 * block } else { 1 + dim % 2 };
+                let mut ne = ne_a;
+                ne[dim] += ne_b[dim];
+                // b: the first ne_b of a tensor twice as large in dimensions 2 and 3
+                let full_b = if strided {
+                    [ne_b[0], ne_b[1], ne_b[2] * 2, ne_b[3] * 3]
+                } else {
+                    ne_b
+                };
+                let blocks = |n: [usize; 4]| n.iter().product::<usize>() / block;
+                let a_bytes: Vec<u8> = (0..blocks(ne_a) * size).map(|_| rng.next() as u8).collect();
+                let b_bytes: Vec<u8> = (0..blocks(full_b) * size)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                let mut g = G::new();
+                let a = g.input_bytes(qt, ne_a, &a_bytes);
+                let mut b = g.input_bytes(qt, full_b, &b_bytes);
+                if strided {
+                    b = g.view(b, ne_b, contiguous_nb(qt, full_b), 0);
+                }
+                let c = g.node(Op::CONCAT, qt, ne, &[a, b], &[dim as i32]);
+                let out = g.run(3).unwrap();
+                // expected: block (u, i1, i2, i3) of the destination
+                let units = |n: [usize; 4]| [n[0] / block, n[1], n[2], n[3]];
+                let mut want = Vec::new();
+                for i in all(units(ne)) {
+                    let split = units(ne_a)[dim];
+                    let (src, shape, mut j) = if i[dim] < split {
+                        (&a_bytes, units(ne_a), i)
+                    } else {
+                        (&b_bytes, units(full_b), i)
+                    };
+                    if i[dim] >= split {
+                        j[dim] -= split;
+                    }
+                    let u = at(shape, j);
+                    want.extend_from_slice(&src[u * size..(u + 1) * size]);
+                }
+                assert_eq!(
+                    g.raw(&out, c),
+                    want,
+                    "concat of type {qt} along {dim}, strided {strided}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn dup_of_quantized_bytes_and_concat_and_repeat() {
     let mut rng = Rng::new(4);
@@ -2155,6 +2214,46 @@ fn shape_rule_violations_are_refused_before_anything_is_written() {
                 let a = g.input(ty::F32, [4, 2, 1, 1], &[1.0; 8]);
                 let b = g.input(ty::F32, [4, 3, 1, 1], &[1.0; 12]);
                 g.node(Op::CONCAT, ty::F32, [8, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "concat of two quantized types",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q4_0, [32, 2, 1, 1], &[0; 36]);
+                g.node(Op::CONCAT, ty::Q8_0, [64, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat into another type",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                g.node(Op::CONCAT, ty::F32, [64, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat with mismatched sides",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [64, 2, 1, 1], &[0; 136]);
+                g.node(Op::CONCAT, ty::Q8_0, [32, 4, 1, 1], &[a, b], &[1]);
+            }),
+        ),
+        (
+            "quantized concat with a wrong destination",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                g.node(Op::CONCAT, ty::Q8_0, [96, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat of rows that are not whole blocks",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [48, 1, 1, 1], &[0; 51]);
+                let b = g.input_bytes(ty::Q8_0, [16, 1, 1, 1], &[0; 17]);
+                g.node(Op::CONCAT, ty::Q8_0, [64, 1, 1, 1], &[a, b], &[0]);
             }),
         ),
         (
