@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Golden vectors for the K-quant reference quantizers (Q2_K..Q6_K).
+"""Golden vectors for the K-quant reference quantizers (Q2_K..Q6_K) and IQ4_NL.
 
 Quantizes a fixed set of deterministic f32 rows (256 values each, one super-block) with the
-real ggml's `quantize_row_q{2..6}_K_ref` (libggml-base.so of llama.cpp b11434, through ctypes)
+real ggml's `quantize_row_q{2..6}_K_ref` and `quantize_row_iq4_nl_ref` (libggml-base.so of llama.cpp b11434, through ctypes)
 and writes, under backend-cpu/tests/data/k_quant_golden/:
 
   input.f32   the rows, little-endian f32, row after row
-  q2_k.bin .. q6_k.bin   the quantized rows, block after block
+  q2_k.bin .. q6_k.bin, iq4_nl.bin   the quantized rows, block after block
 
-backend-cpu's unit test `k_quant_golden` checks that our quantizers give the same bytes.
+backend-cpu's unit tests `quant_k_quants_match_ggml_golden_bytes` and
+`quant_iq4_nl_matches_ggml_golden_bytes` check that our quantizers give the same bytes.
 
 Usage: quant-golden.py [--lib DIR] [--out DIR]
 """
@@ -25,7 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 QK_K = 256
 TYPES = [("q2_k", "quantize_row_q2_K_ref", 84), ("q3_k", "quantize_row_q3_K_ref", 110),
          ("q4_k", "quantize_row_q4_K_ref", 144), ("q5_k", "quantize_row_q5_K_ref", 176),
-         ("q6_k", "quantize_row_q6_K_ref", 210)]
+         ("q6_k", "quantize_row_q6_K_ref", 210),
+         # 8 blocks of 32 per row; ggml leaves the indices of an all-zero block (d = 0) to its
+         # scratch array's previous contents, so the test compares only d of such blocks
+         ("iq4_nl", "quantize_row_iq4_nl_ref", 8 * 18)]
 
 
 def f32(x):

@@ -492,9 +492,10 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
     for qt in [
         ty::Q8_0,
         ty::Q4_0,
-        3, /* Q4_1 */
-        6, /* Q5_0 */
-        7, /* Q5_1 */
+        3,  /* Q4_1 */
+        6,  /* Q5_0 */
+        7,  /* Q5_1 */
+        20, /* IQ4_NL */
     ] {
         let ne = [64, 3, 2, 1];
         let values = rng.values(384, 2.0);
@@ -1398,6 +1399,7 @@ fn mul_mat_in_every_weight_type_with_broadcast_and_transposed_activations() {
         3,
         6,
         7,
+        20, /* IQ4_NL */
         ty::F32,
         ty::F16,
     ]

@@ -6,7 +6,7 @@ use super::*;
 use proto_core::ggml::type_info;
 
 /// Every type with a `to_float` here.
-const DEQUANT_TYPES: [u32; 15] = [
+const DEQUANT_TYPES: [u32; 16] = [
     ty::F32,
     ty::F16,
     ty::BF16,
@@ -22,10 +22,11 @@ const DEQUANT_TYPES: [u32; 15] = [
     ty::Q5_K,
     ty::Q6_K,
     ty::Q8_K,
+    ty::IQ4_NL,
 ];
 
 /// Every weight type (`supports`).
-const WEIGHT_TYPES: [u32; 13] = [
+const WEIGHT_TYPES: [u32; 14] = [
     ty::F32,
     ty::F16,
     ty::BF16,
@@ -39,6 +40,7 @@ const WEIGHT_TYPES: [u32; 13] = [
     ty::Q4_K,
     ty::Q5_K,
     ty::Q6_K,
+    ty::IQ4_NL,
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -151,7 +153,8 @@ fn quant_layouts_match_the_type_table() {
     assert_eq!(row_size(ty::Q4_K, 512), Some(288));
     assert_eq!(row_size(ty::Q4_0, 33), None);
     assert_eq!(row_size(ty::F16, 3), Some(6));
-    assert_eq!(block_layout(20), None); // IQ4_NL
+    assert_eq!(row_size(ty::IQ4_NL, 64), Some(36));
+    assert_eq!(block_layout(21), None); // IQ3_S
 }
 
 #[test]
@@ -171,11 +174,12 @@ fn quant_vec_dot_type_is_ggml_cpus_table() {
         (ty::Q4_K, ty::Q8_K),
         (ty::Q5_K, ty::Q8_K),
         (ty::Q6_K, ty::Q8_K),
+        (ty::IQ4_NL, ty::Q8_0),
     ];
     for (t, v) in expect {
         assert_eq!(vec_dot_type(t), Some(v), "type {t}");
     }
-    for t in [ty::Q8_K, 16, 20, 23, 26, 39, 1000] {
+    for t in [ty::Q8_K, 16, 21, 23, 26, 39, 1000] {
         assert_eq!(vec_dot_type(t), None, "type {t}");
     }
 }
@@ -806,6 +810,45 @@ fn quant_k_quants_match_ggml_golden_bytes() {
     }
 }
 
+/// IQ4_NL against ggml's `quantize_row_iq4_nl_ref` on the same rows (8 blocks each). ggml
+/// leaves the indices of an all-zero block to whatever its scratch array held, so only `d`
+/// (zero) is compared for those.
+#[test]
+fn quant_iq4_nl_matches_ggml_golden_bytes() {
+    let want: &[u8] = include_bytes!("../../../tests/data/k_quant_golden/iq4_nl.bin");
+    let x = k_golden_input();
+    assert_eq!(want.len(), x.len() / 32 * 18);
+    let mut zero_blocks = 0;
+    for got in [quant(ty::IQ4_NL, &x), quant_ref(ty::IQ4_NL, &x)] {
+        for (blk, (g, w)) in got.chunks_exact(18).zip(want.chunks_exact(18)).enumerate() {
+            if w[..2] == [0, 0] {
+                assert_eq!(g[..2], [0, 0], "block {blk}: d");
+                zero_blocks += 1;
+            } else {
+                assert_eq!(g, w, "block {blk} differs from ggml");
+            }
+        }
+    }
+    assert!(zero_blocks < 2 * 40, "too few blocks compared");
+    // and the values round-trip within about half the widest gap of the table (24 steps of d;
+    // the least-squares refit of d after choosing the indices moves them by up to 2% of amax)
+    let back = deq(ty::IQ4_NL, &quant(ty::IQ4_NL, &x), x.len());
+    let y = quant(ty::IQ4_NL, &x);
+    for (blk, (xb, bb)) in x.chunks_exact(32).zip(back.chunks_exact(32)).enumerate() {
+        let d = fp16(y[blk * 18], y[blk * 18 + 1]).abs();
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // (a scale below f16's range rounds to zero: everything dequantizes to zero)
+        let bound = if d == 0.0 {
+            amax
+        } else {
+            12.0 * d + 0.02 * amax
+        };
+        for (a, r) in xb.iter().zip(bb) {
+            assert!((a - r).abs() <= bound, "block {blk}: {a} -> {r} (d {d})");
+        }
+    }
+}
+
 /// Quantize then dequantize: the error of each element stays within a bound derived from the
 /// row's range, and quantizing the dequantized row again is stable enough to stay close.
 #[test]
@@ -1259,7 +1302,7 @@ fn quant_bad_lengths_are_errors() {
 #[test]
 fn quant_unsupported_types_are_refused() {
     let refused = |r: Result<()>| matches!(r, Err(Error::OpRefused { .. }));
-    for t in [16u32, 20, 23, 39, 1000] {
+    for t in [16u32, 21, 23, 39, 1000] {
         assert!(refused(dequantize_row(t, &[0u8; 1000], &mut [0f32; 256])));
         assert!(refused(quantize_row(t, &[0f32; 256], &mut [0u8; 1000])));
         assert!(matches!(
