@@ -679,8 +679,20 @@ impl Checker<'_> {
                     .ok()
                     .filter(|&d| d < 4)
                     .ok_or_else(|| self.bad("concat dimension outside 0..4"))?;
-                if a.type_id != b.type_id || a.type_id != dst.type_id || a.block != 1 {
-                    return Err(self.refuse("CONCAT takes two tensors of one plain type"));
+                if a.type_id != b.type_id || a.type_id != dst.type_id {
+                    return Err(self.refuse("CONCAT takes two tensors of one type"));
+                }
+                // Quantized tensors are copied block by block (ggml-cpu's
+                // `concat_any`): every row must be whole blocks, which also keeps the seam of a
+                // concatenation along dimension 0 on a block boundary.
+                if [a.ne[0], b.ne[0], dst.ne[0]]
+                    .iter()
+                    .any(|&n| n % a.block != 0)
+                {
+                    return Err(self.bad(format!(
+                        "CONCAT of {:?} and {:?}: rows are not whole {}-element blocks",
+                        a.ne, b.ne, a.block
+                    )));
                 }
                 for d in 0..4 {
                     let want = if d == dim { a.ne[d] + b.ne[d] } else { a.ne[d] };

@@ -492,9 +492,10 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
     for qt in [
         ty::Q8_0,
         ty::Q4_0,
-        3, /* Q4_1 */
-        6, /* Q5_0 */
-        7, /* Q5_1 */
+        3,  /* Q4_1 */
+        6,  /* Q5_0 */
+        7,  /* Q5_1 */
+        20, /* IQ4_NL */
     ] {
         let ne = [64, 3, 2, 1];
         let values = rng.values(384, 2.0);
@@ -517,6 +518,119 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
             quant::dequantize_row(qt, src, dst).unwrap();
         }
         assert_close(&g.read(&out, back), &wide(&want_back), 0.0, "dequantized");
+    }
+}
+
+/// F32 / F16 into each K-quant through CPY and SET_ROWS: the bytes of `quant::quantize_row`
+/// (ggml's `quantize_row_q*_K_ref`) per row, and back through CPY within the format's error.
+#[test]
+fn cpy_and_set_rows_into_k_quants() {
+    let mut rng = Rng::new(31);
+    for qt in [
+        quant::ty::Q2_K,
+        quant::ty::Q3_K,
+        quant::ty::Q4_K,
+        quant::ty::Q5_K,
+        quant::ty::Q6_K,
+    ] {
+        let (_, size) = type_size(qt);
+        let k = 512;
+        let ne = [k, 3, 2, 1];
+        let values = rng.values(k * 6, 2.0);
+        let mut g = G::new();
+        let a = g.input(ty::F32, ne, &values);
+        let h = g.input(ty::F16, ne, &values);
+        let q = g.node(Op::CPY, qt, ne, &[a], &[]);
+        let qh = g.node(Op::CPY, qt, ne, &[h], &[]);
+        let back = g.node(Op::CPY, ty::F32, ne, &[q], &[]);
+        let ids = g.ids(I64, [3, 2, 1, 1], &[2, 0, 1, 0, 3, 2]);
+        let cache = g.zeros(qt, [k, 4, 2, 1]);
+        let set = g.node_into(Op::SET_ROWS, cache, &[a, ids], &[]);
+        let out = g.run(3).unwrap();
+        let quantize = |rows: &[f32]| {
+            let mut want = vec![0u8; rows.len() / 256 * size];
+            for (row, dst) in rows.chunks(k).zip(want.chunks_mut(k / 256 * size)) {
+                quant::quantize_row(qt, row, dst).unwrap();
+            }
+            want
+        };
+        let want_q = quantize(&values);
+        assert_eq!(g.raw(&out, q), want_q, "CPY F32 -> type {qt}");
+        let halves = stored(ty::F16, &values);
+        assert_eq!(g.raw(&out, qh), quantize(&halves), "CPY F16 -> type {qt}");
+        let mut want_back = vec![0.0f32; values.len()];
+        for (src, dst) in want_q.chunks(k / 256 * size).zip(want_back.chunks_mut(k)) {
+            quant::dequantize_row(qt, src, dst).unwrap();
+        }
+        assert_close(&g.read(&out, back), &wide(&want_back), 0.0, "dequantized");
+        let row_bytes = k / 256 * size;
+        let mut want_set = vec![0u8; 8 * row_bytes];
+        for (n, id) in [2usize, 0, 1, 0, 3, 2].into_iter().enumerate() {
+            let (i1, i2) = (n % 3, n / 3);
+            let d = (i2 * 4 + id) * row_bytes;
+            let row = &values[at(ne, [0, i1, i2, 0])..][..k];
+            quant::quantize_row(qt, row, &mut want_set[d..d + row_bytes]).unwrap();
+        }
+        assert_eq!(g.raw(&out, set), want_set, "SET_ROWS -> type {qt}");
+    }
+}
+
+/// CONCAT of quantized tensors (ggml-cpu's `concat_any`): whole blocks copied along every
+/// dimension, with contiguous sources and strided views (as test-backend-ops builds them).
+#[test]
+fn concat_of_quantized_tensors_copies_blocks() {
+    let mut rng = Rng::new(32);
+    for qt in [ty::Q4_0, 3, 6, 7, ty::Q8_0, ty::Q4_K] {
+        let (block, size) = type_size(qt);
+        let ne_a = [2 * block, 3, 2, 2];
+        for dim in 0..4 {
+            for strided in [false, true] {
+                let mut ne_b = ne_a;
+                ne_b[dim] = if dim == 0 { 3 * block } else { 1 + dim % 2 };
+                let mut ne = ne_a;
+                ne[dim] += ne_b[dim];
+                // b: the first ne_b of a tensor twice as large in dimensions 2 and 3
+                let full_b = if strided {
+                    [ne_b[0], ne_b[1], ne_b[2] * 2, ne_b[3] * 3]
+                } else {
+                    ne_b
+                };
+                let blocks = |n: [usize; 4]| n.iter().product::<usize>() / block;
+                let a_bytes: Vec<u8> = (0..blocks(ne_a) * size).map(|_| rng.next() as u8).collect();
+                let b_bytes: Vec<u8> = (0..blocks(full_b) * size)
+                    .map(|_| rng.next() as u8)
+                    .collect();
+                let mut g = G::new();
+                let a = g.input_bytes(qt, ne_a, &a_bytes);
+                let mut b = g.input_bytes(qt, full_b, &b_bytes);
+                if strided {
+                    b = g.view(b, ne_b, contiguous_nb(qt, full_b), 0);
+                }
+                let c = g.node(Op::CONCAT, qt, ne, &[a, b], &[dim as i32]);
+                let out = g.run(3).unwrap();
+                // expected: block (u, i1, i2, i3) of the destination
+                let units = |n: [usize; 4]| [n[0] / block, n[1], n[2], n[3]];
+                let mut want = Vec::new();
+                for i in all(units(ne)) {
+                    let split = units(ne_a)[dim];
+                    let (src, shape, mut j) = if i[dim] < split {
+                        (&a_bytes, units(ne_a), i)
+                    } else {
+                        (&b_bytes, units(full_b), i)
+                    };
+                    if i[dim] >= split {
+                        j[dim] -= split;
+                    }
+                    let u = at(shape, j);
+                    want.extend_from_slice(&src[u * size..(u + 1) * size]);
+                }
+                assert_eq!(
+                    g.raw(&out, c),
+                    want,
+                    "concat of type {qt} along {dim}, strided {strided}"
+                );
+            }
+        }
     }
 }
 
@@ -1285,6 +1399,7 @@ fn mul_mat_in_every_weight_type_with_broadcast_and_transposed_activations() {
         3,
         6,
         7,
+        20, /* IQ4_NL */
         ty::F32,
         ty::F16,
     ]
@@ -2176,6 +2291,46 @@ fn shape_rule_violations_are_refused_before_anything_is_written() {
                 let a = g.input(ty::F32, [4, 2, 1, 1], &[1.0; 8]);
                 let b = g.input(ty::F32, [4, 3, 1, 1], &[1.0; 12]);
                 g.node(Op::CONCAT, ty::F32, [8, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "concat of two quantized types",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q4_0, [32, 2, 1, 1], &[0; 36]);
+                g.node(Op::CONCAT, ty::Q8_0, [64, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat into another type",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                g.node(Op::CONCAT, ty::F32, [64, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat with mismatched sides",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [64, 2, 1, 1], &[0; 136]);
+                g.node(Op::CONCAT, ty::Q8_0, [32, 4, 1, 1], &[a, b], &[1]);
+            }),
+        ),
+        (
+            "quantized concat with a wrong destination",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                let b = g.input_bytes(ty::Q8_0, [32, 2, 1, 1], &[0; 68]);
+                g.node(Op::CONCAT, ty::Q8_0, [96, 2, 1, 1], &[a, b], &[0]);
+            }),
+        ),
+        (
+            "quantized concat of rows that are not whole blocks",
+            Box::new(|g: &mut G| {
+                let a = g.input_bytes(ty::Q8_0, [48, 1, 1, 1], &[0; 51]);
+                let b = g.input_bytes(ty::Q8_0, [16, 1, 1, 1], &[0; 17]);
+                g.node(Op::CONCAT, ty::Q8_0, [64, 1, 1, 1], &[a, b], &[0]);
             }),
         ),
         (

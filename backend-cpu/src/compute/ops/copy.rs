@@ -127,10 +127,14 @@ pub(super) fn copy(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     })
 }
 
+/// CONCAT: each destination element (block, for quantized types: the plan checked that rows
+/// are whole blocks in all three tensors, so a seam along dimension 0 falls between blocks)
+/// from `a` or, past `a`'s extent along `dim`, from `b`.
 pub(super) fn concat(node: &Node<'_>, mut dst: Dst<'_>, dim: usize) -> Result<()> {
     let (a, b) = (node.view(0)?, node.view(1)?);
     let layout = *dst.layout();
     let size = layout.type_size;
+    let block = layout.block;
     let split = a.layout.ne[dim];
     let chunk = node.pool.chunk(layout.rows(), layout.ne[0]);
     let parts = dst.split_rows(chunk);
@@ -138,15 +142,15 @@ pub(super) fn concat(node: &Node<'_>, mut dst: Dst<'_>, dim: usize) -> Result<()
         let mut bytes = vec![0u8; layout.row_bytes()];
         for r in part.rows() {
             let [i1, i2, i3] = layout.row_index(r);
-            for i0 in 0..layout.ne[0] {
-                let mut i = [i0, i1, i2, i3];
+            for (u, out) in bytes.chunks_exact_mut(size).enumerate() {
+                let mut i = [u * block, i1, i2, i3];
                 let from = if i[dim] < split {
                     a.element(i)
                 } else {
                     i[dim] -= split;
                     b.element(i)
                 };
-                bytes[i0 * size..(i0 + 1) * size].copy_from_slice(from);
+                out.copy_from_slice(from);
             }
             part.write(r, 0, &bytes)?;
         }

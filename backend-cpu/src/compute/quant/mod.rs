@@ -28,10 +28,13 @@
 //! f32 combination in the same order); the rest is portable code written to auto-vectorize.
 //!
 //! Module layout: `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
-//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `simd.rs` (dispatch and AVX2),
+//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `k_quantize.rs` (their reference
+//! quantizers), `iq4_nl.rs` (IQ4_NL, portable code only), `simd.rs` (dispatch and AVX2),
 //! `tests.rs`.
 
 mod float;
+mod iq4_nl;
+mod k_quantize;
 mod k_quants;
 mod q4;
 mod q5;
@@ -74,6 +77,8 @@ pub mod ty {
     pub const Q6_K: u32 = 14;
     /// `GGML_TYPE_Q8_K`.
     pub const Q8_K: u32 = 15;
+    /// `GGML_TYPE_IQ4_NL`.
+    pub const IQ4_NL: u32 = 20;
     /// `GGML_TYPE_BF16`.
     pub const BF16: u32 = 30;
 }
@@ -101,6 +106,7 @@ pub fn block_layout(type_id: u32) -> Option<(usize, usize)> {
         ty::Q5_K => (QK_K, k_quants::Q5_K_BYTES),
         ty::Q6_K => (QK_K, k_quants::Q6_K_BYTES),
         ty::Q8_K => (QK_K, q8::Q8_K_BYTES),
+        ty::IQ4_NL => (QK32, iq4_nl::IQ4_NL_BYTES),
         _ => return None,
     })
 }
@@ -118,7 +124,7 @@ pub fn row_size(type_id: u32, n: usize) -> Option<usize> {
 /// Whether `type_id` can be dequantized and used as MUL_MAT / GET_ROWS weights.
 ///
 /// These are the types with both `to_float` and a `vec_dot` in ggml: F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K. (Q8_1 and Q8_K are activation formats only:
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and IQ4_NL. (Q8_1 and Q8_K are activation formats only:
 /// [`dequantize_row`] and [`quantize_row`] handle them, [`vec_dot`] does not.)
 pub fn supports(type_id: u32) -> bool {
     matches!(
@@ -136,11 +142,12 @@ pub fn supports(type_id: u32) -> bool {
             | ty::Q4_K
             | ty::Q5_K
             | ty::Q6_K
+            | ty::IQ4_NL
     )
 }
 
 /// The type ggml converts activations (src1 of MUL_MAT) to before the dot product with weights
-/// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K
+/// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K
 /// for the K-quants, the type itself for F16/BF16/F32.
 ///
 /// Q8_1 maps to itself as in ggml's table (it has no `vec_dot` there either); `None` for every
@@ -150,7 +157,7 @@ pub fn vec_dot_type(type_id: u32) -> Option<u32> {
         ty::F32 => ty::F32,
         ty::F16 => ty::F16,
         ty::BF16 => ty::BF16,
-        ty::Q4_0 | ty::Q5_0 | ty::Q8_0 => ty::Q8_0,
+        ty::Q4_0 | ty::Q5_0 | ty::Q8_0 | ty::IQ4_NL => ty::Q8_0,
         ty::Q4_1 | ty::Q5_1 | ty::Q8_1 => ty::Q8_1,
         ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => ty::Q8_K,
         _ => return None,
@@ -181,6 +188,7 @@ pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         ty::Q4_K => simd::dequantize_q4_k(src, dst),
         ty::Q5_K => simd::dequantize_q5_k(src, dst),
         ty::Q6_K => simd::dequantize_q6_k(src, dst),
+        ty::IQ4_NL => iq4_nl::dequantize_iq4_nl(src, dst),
         // checked_len accepted only the types above
         _ => {}
     }
@@ -195,7 +203,8 @@ pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
 /// even instead of away from zero); this function follows the AVX code, since that is what
 /// llama.cpp's CPU backend runs. Q8_K, Q4_0, Q4_1, Q5_0 and Q5_1 use the `_ref` quantizers (as
 /// ggml-cpu does), F16 rounds to nearest even, BF16 rounds to nearest even and keeps NaNs quiet
-/// NaNs. K-quant weight formats (Q2_K..Q6_K) are not supported.
+/// NaNs. The K-quant weight formats (Q2_K..Q6_K) use the `_ref` quantizers too (as ggml-cpu
+/// does; no importance matrix).
 pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
     match type_id {
         ty::Q8_0 => {
@@ -214,7 +223,7 @@ pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
 
 /// Quantizes `src.len()` f32 values into `dst` with ggml's reference quantizers
 /// (`quantize_row_*_ref`, ggml's `from_float_ref`), for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0, Q8_1 and Q8_K.
+/// Q8_0, Q8_1, Q8_K, Q2_K..Q6_K and IQ4_NL.
 pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
     if !matches!(
         type_id,
@@ -228,6 +237,12 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
             | ty::Q8_0
             | ty::Q8_1
             | ty::Q8_K
+            | ty::Q2_K
+            | ty::Q3_K
+            | ty::Q4_K
+            | ty::Q5_K
+            | ty::Q6_K
+            | ty::IQ4_NL
     ) {
         return Err(unsupported(type_id));
     }
@@ -243,6 +258,12 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
         ty::Q8_0 => q8::quantize_q8_0_ref(src, dst),
         ty::Q8_1 => q8::quantize_q8_1_ref(src, dst),
         ty::Q8_K => simd::quantize_q8_k(src, dst),
+        ty::Q2_K => k_quantize::quantize_q2_k_ref(src, dst),
+        ty::Q3_K => k_quantize::quantize_q3_k_ref(src, dst),
+        ty::Q4_K => k_quantize::quantize_q4_k_ref(src, dst),
+        ty::Q5_K => k_quantize::quantize_q5_k_ref(src, dst),
+        ty::Q6_K => k_quantize::quantize_q6_k_ref(src, dst),
+        ty::IQ4_NL => iq4_nl::quantize_iq4_nl_ref(src, dst),
         _ => {}
     }
     Ok(())
@@ -272,6 +293,7 @@ pub fn vec_dot(type_id: u32, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
         ty::Q5_1 => simd::vec_dot_q5_1_q8_1(x, y),
         ty::Q2_K => simd::vec_dot_q2_k_q8_k(x, y),
         ty::Q3_K => simd::vec_dot_q3_k_q8_k(x, y),
+        ty::IQ4_NL => iq4_nl::vec_dot_iq4_nl_q8_0(x, y),
         // supports() admitted only the types handled above
         _ => 0.0,
     })
