@@ -41,7 +41,7 @@ step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation
 # types are all among the supported ones, against llama.cpp's CPU backend; then greedy
 # generation on tiny F32/F16/Q8_0/Q4_0/Q4_K models through our server, the reference server
 # and CPU only, flash attention off and on: identical tokens required.
-bash scripts/conformance/test-backend-ops.sh --ops default,fused --scope listed
+bash scripts/conformance/test-backend-ops.sh --ops default,fused --scope listed --case-timeout 600
 bash scripts/conformance/e2e.sh --strict
 
 step "fuzz (${FUZZ_SECONDS}s per target)"
