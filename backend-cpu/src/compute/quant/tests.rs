@@ -950,6 +950,44 @@ fn quant_new_formats_match_ggml_golden() {
     }
 }
 
+/// Any bytes are valid blocks of the new formats (NaN and infinite scales included): the
+/// dequantizers and dot products take them without panicking, and the quantizers take any
+/// floats.
+#[test]
+fn quant_new_formats_take_arbitrary_input() {
+    let mut rng = Rng::new(29);
+    for t in [
+        ty::IQ4_XS,
+        ty::MXFP4,
+        ty::NVFP4,
+        ty::TQ1_0,
+        ty::TQ2_0,
+        ty::Q1_0,
+        ty::Q2_0,
+    ] {
+        for _ in 0..20 {
+            let n = 1024;
+            let x = rng.bytes(row_size(t, n).unwrap());
+            let yt = vec_dot_type(t).unwrap();
+            let y = rng.bytes(row_size(yt, n).unwrap());
+            let _ = deq(t, &x, n);
+            let _ = vec_dot(t, n, &x, &y).unwrap();
+            let f: Vec<f32> = rng
+                .bytes(4 * n)
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let _ = quant(t, &f);
+        }
+        // lengths that are not whole blocks are errors
+        let (block, bytes) = block_layout(t).unwrap();
+        assert!(dequantize_row(t, &vec![0u8; 2 * bytes], &mut vec![0f32; block + 1]).is_err());
+        assert!(dequantize_row(t, &vec![0u8; bytes - 1], &mut vec![0f32; block]).is_err());
+        assert!(quantize_row(t, &vec![0f32; block], &mut vec![0u8; bytes - 1]).is_err());
+        assert!(vec_dot(t, block, &vec![0u8; bytes], &[0u8; 8]).is_err());
+    }
+}
+
 /// Quantize then dequantize the new formats on ordinary data: each element within a bound of
 /// the format's step.
 #[test]
