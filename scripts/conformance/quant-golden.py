@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Golden vectors for the K-quant reference quantizers (Q2_K..Q6_K) and IQ4_NL.
+"""Golden vectors for the reference quantizers of Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
+TQ1_0, TQ2_0, Q1_0 and Q2_0, and for the dequantizers of the last seven.
 
 Quantizes a fixed set of deterministic f32 rows (256 values each, one super-block) with the
 real ggml's `quantize_row_q{2..6}_K_ref` and `quantize_row_iq4_nl_ref` (libggml-base.so of llama.cpp b11434, through ctypes)
@@ -7,9 +8,16 @@ and writes, under backend-cpu/tests/data/k_quant_golden/:
 
   input.f32   the rows, little-endian f32, row after row
   q2_k.bin .. q6_k.bin, iq4_nl.bin   the quantized rows, block after block
+  input_ext.f32   more rows for the formats added after IQ4_NL (scales at power-of-two and
+                  rounding boundaries, subnormals, infinities, NaN)
+  iq4_xs.bin, mxfp4.bin, nvfp4.bin, tq1_0.bin, tq2_0.bin, q1_0.bin, q2_0.bin
+                  input.f32 followed by input_ext.f32, quantized (one call)
+  deq_<type>.bin  DEQ_BLOCKS random blocks of <type> (f16 scales made finite) followed by
+                  ggml's dequantization of them (f32)
 
-backend-cpu's unit tests `quant_k_quants_match_ggml_golden_bytes` and
-`quant_iq4_nl_matches_ggml_golden_bytes` check that our quantizers give the same bytes.
+backend-cpu's unit tests `quant_k_quants_match_ggml_golden_bytes`,
+`quant_iq4_nl_matches_ggml_golden_bytes` and `quant_new_formats_match_ggml_golden` check that
+our quantizers give the same bytes and our dequantizers the same floats.
 
 Usage: quant-golden.py [--lib DIR] [--out DIR]
 """
@@ -30,6 +38,15 @@ TYPES = [("q2_k", "quantize_row_q2_K_ref", 84), ("q3_k", "quantize_row_q3_K_ref"
          # 8 blocks of 32 per row; ggml leaves the indices of an all-zero block (d = 0) to its
          # scratch array's previous contents, so the test compares only d of such blocks
          ("iq4_nl", "quantize_row_iq4_nl_ref", 8 * 18)]
+# name, quantizer, dequantizer, bytes per 256 values, bytes per block, offsets of f16 scales
+EXT_TYPES = [("iq4_xs", "iq4_xs", 136, 136, [0]),
+             ("mxfp4", "mxfp4", 8 * 17, 17, []),
+             ("nvfp4", "nvfp4", 4 * 36, 36, []),
+             ("tq1_0", "tq1_0", 54, 54, [52]),
+             ("tq2_0", "tq2_0", 66, 66, [64]),
+             ("q1_0", "q1_0", 2 * 18, 18, [0]),
+             ("q2_0", "q2_0", 4 * 18, 18, [0])]
+DEQ_BLOCKS = 4
 
 
 def f32(x):
@@ -77,6 +94,48 @@ def rows():
     return [[f32(v) for v in r] for r in out]
 
 
+def ext_rows():
+    rng = random.Random(20261201)
+    out = []
+    r = []
+    for b in range(QK_K // 16):
+        # the largest magnitude of each 16/32-element group just below, at or just above a power
+        # of two (log2 rounding in MXFP4), or at a UE4M3 rounding boundary times 6 (NVFP4)
+        k = b - 8
+        top = [2.0 ** k * (1 - 2.0 ** -24), 2.0 ** k, 2.0 ** k * (1 + 2.0 ** -23),
+               6 * 2.0 ** k * (1 + 1 / 16), 6 * 2.0 ** k * (1 + 3 / 16)][b % 5]
+        g = [rng.uniform(-1, 1) * top for _ in range(16)]
+        g[rng.randrange(16)] = top if b % 2 else -top
+        r += g
+    out.append(r)
+    # FP4 ties: halfway between neighbouring E2M1 levels (times the block scale)
+    lv = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    mids = [(a + b) / 2 for a, b in zip(lv, lv[1:])]
+    out.append([(6.0 if i % 32 == 0 else mids[i % 7]) * (-1) ** (i // 7) for i in range(QK_K)])
+    out.append([rng.gauss(0, 1) * 1e-39 for _ in range(QK_K)])              # subnormals
+    out.append([rng.gauss(0, 1) * 1e-3 for _ in range(QK_K)])               # small NVFP4 scales
+    out.append([rng.gauss(0, 1) * 5e3 for _ in range(QK_K)])                # beyond UE4M3's 448*6
+    r = [rng.gauss(0, 1) for _ in range(QK_K)]
+    r[3] = float("inf")
+    r[70] = float("-inf")
+    out.append(r)
+    r = [rng.gauss(0, 1) for _ in range(QK_K)]
+    r[5] = float("nan")
+    r[100] = float("nan")
+    r[255] = float("nan")
+    out.append(r)
+    out.append([rng.choice([-1.0, 0.0, 1.0]) * 0.7 for _ in range(QK_K)])  # ternary
+    out.append([rng.choice([-0.5, 0.5, 1.5, -1.5]) for _ in range(QK_K)])  # Q2_0 ties
+    return [[f32(v) for v in r] for r in out]
+
+
+def finite_half(rng):
+    while True:
+        h = rng.getrandbits(16)
+        if (h >> 10) & 0x1F != 0x1F and (h >> 10) & 0x1F < 24:
+            return h
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default="/var/cache/ggml-rpc-peer/b11434/lib")
@@ -97,7 +156,36 @@ def main():
         func(src, dst, len(flat))
         with open(os.path.join(args.out, name + ".bin"), "wb") as f:
             f.write(bytes(dst))
-    print("%d rows of %d into %s" % (len(data), QK_K, args.out))
+    ext = ext_rows()
+    with open(os.path.join(args.out, "input_ext.f32"), "wb") as f:
+        f.write(struct.pack("<%df" % (len(ext) * QK_K), *[v for r in ext for v in r]))
+    allrows = data + ext
+    flat = [v for r in allrows for v in r]
+    src = (ctypes.c_float * len(flat))(*flat)
+    rng = random.Random(7)
+    for name, short, size, block, halves in EXT_TYPES:
+        func = getattr(lib, "quantize_row_%s_ref" % short)
+        func.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        func.restype = None
+        dst = (ctypes.c_uint8 * (size * len(allrows)))()
+        func(src, dst, len(flat))
+        with open(os.path.join(args.out, name + ".bin"), "wb") as f:
+            f.write(bytes(dst))
+        # dequantization of random blocks
+        raw = bytearray(rng.getrandbits(8) for _ in range(block * DEQ_BLOCKS))
+        for b in range(DEQ_BLOCKS):
+            for off in halves:
+                struct.pack_into("<H", raw, b * block + off, finite_half(rng))
+        n = DEQ_BLOCKS * (QK_K * block // size)
+        deq = getattr(lib, "dequantize_row_%s" % short)
+        deq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        deq.restype = None
+        inp = (ctypes.c_uint8 * len(raw)).from_buffer_copy(bytes(raw))
+        out = (ctypes.c_float * n)()
+        deq(inp, out, n)
+        with open(os.path.join(args.out, "deq_" + name + ".bin"), "wb") as f:
+            f.write(bytes(raw) + bytes(out))
+    print("%d + %d rows of %d into %s" % (len(data), len(ext), QK_K, args.out))
 
 
 if __name__ == "__main__":

@@ -496,6 +496,9 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
         6,  /* Q5_0 */
         7,  /* Q5_1 */
         20, /* IQ4_NL */
+        39, /* MXFP4 */
+        40, /* NVFP4 */
+        42, /* Q2_0 */
     ] {
         let ne = [64, 3, 2, 1];
         let values = rng.values(384, 2.0);
@@ -521,8 +524,9 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
     }
 }
 
-/// F32 / F16 into each K-quant through CPY and SET_ROWS: the bytes of `quant::quantize_row`
-/// (ggml's `quantize_row_q*_K_ref`) per row, and back through CPY within the format's error.
+/// F32 / F16 into each K-quant (and the other formats with blocks of 128 or 256) through CPY
+/// and SET_ROWS: the bytes of `quant::quantize_row` (ggml's `quantize_row_*_ref`) per row, and
+/// back through CPY within the format's error.
 #[test]
 fn cpy_and_set_rows_into_k_quants() {
     let mut rng = Rng::new(31);
@@ -532,8 +536,12 @@ fn cpy_and_set_rows_into_k_quants() {
         quant::ty::Q4_K,
         quant::ty::Q5_K,
         quant::ty::Q6_K,
+        quant::ty::IQ4_XS,
+        quant::ty::TQ1_0,
+        quant::ty::TQ2_0,
+        quant::ty::Q1_0,
     ] {
-        let (_, size) = type_size(qt);
+        let (block, size) = type_size(qt);
         let k = 512;
         let ne = [k, 3, 2, 1];
         let values = rng.values(k * 6, 2.0);
@@ -548,8 +556,8 @@ fn cpy_and_set_rows_into_k_quants() {
         let set = g.node_into(Op::SET_ROWS, cache, &[a, ids], &[]);
         let out = g.run(3).unwrap();
         let quantize = |rows: &[f32]| {
-            let mut want = vec![0u8; rows.len() / 256 * size];
-            for (row, dst) in rows.chunks(k).zip(want.chunks_mut(k / 256 * size)) {
+            let mut want = vec![0u8; rows.len() / block * size];
+            for (row, dst) in rows.chunks(k).zip(want.chunks_mut(k / block * size)) {
                 quant::quantize_row(qt, row, dst).unwrap();
             }
             want
@@ -559,11 +567,11 @@ fn cpy_and_set_rows_into_k_quants() {
         let halves = stored(ty::F16, &values);
         assert_eq!(g.raw(&out, qh), quantize(&halves), "CPY F16 -> type {qt}");
         let mut want_back = vec![0.0f32; values.len()];
-        for (src, dst) in want_q.chunks(k / 256 * size).zip(want_back.chunks_mut(k)) {
+        for (src, dst) in want_q.chunks(k / block * size).zip(want_back.chunks_mut(k)) {
             quant::dequantize_row(qt, src, dst).unwrap();
         }
         assert_close(&g.read(&out, back), &wide(&want_back), 0.0, "dequantized");
-        let row_bytes = k / 256 * size;
+        let row_bytes = k / block * size;
         let mut want_set = vec![0u8; 8 * row_bytes];
         for (n, id) in [2usize, 0, 1, 0, 3, 2].into_iter().enumerate() {
             let (i1, i2) = (n % 3, n / 3);
@@ -1400,13 +1408,20 @@ fn mul_mat_in_every_weight_type_with_broadcast_and_transposed_activations() {
         6,
         7,
         20, /* IQ4_NL */
+        23, /* IQ4_XS */
+        34, /* TQ1_0 */
+        35, /* TQ2_0 */
+        39, /* MXFP4 */
+        40, /* NVFP4 */
+        41, /* Q1_0 */
+        42, /* Q2_0 */
         ty::F32,
         ty::F16,
     ]
     .into_iter()
     .enumerate()
     {
-        let k = 64 * (1 + rng.below(3));
+        let k = type_size(w_type).0.max(64) * (1 + rng.below(3));
         let (m, n) = (1 + rng.below(40), 1 + rng.below(9));
         let (w2, w3) = (1 + rng.below(2), 1 + rng.below(2));
         let (x2, x3) = (w2 * (1 + rng.below(2)), w3 * (1 + rng.below(2)));

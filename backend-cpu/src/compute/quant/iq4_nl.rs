@@ -18,12 +18,12 @@ use super::{fp16, fp16_bytes, QK32};
 pub(super) const IQ4_NL_BYTES: usize = 18;
 
 /// ggml's `kvalues_iq4nl`.
-const KVALUES: [i8; 16] = [
+pub(super) const KVALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// ggml's `GROUP_MAX_EPS`.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 const HALF: usize = QK32 / 2;
 
@@ -44,7 +44,7 @@ pub(super) fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
 
 /// ggml's `best_index_int8` over [`KVALUES`]: the index of the table value nearest to `x`
 /// (the upper one on ties; the last one for NaN).
-fn best_index(x: f32) -> usize {
+pub(super) fn best_index(x: f32) -> usize {
     let n = KVALUES.len();
     let val = |i: usize| f32::from(KVALUES[i]);
     if x <= val(0) {

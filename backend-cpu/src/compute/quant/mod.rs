@@ -29,19 +29,24 @@
 //!
 //! Module layout: `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
 //! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `k_quantize.rs` (their reference
-//! quantizers), `iq4_nl.rs` (IQ4_NL, portable code only), `simd.rs` (dispatch and AVX2),
-//! `tests.rs`.
+//! quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS), `fp4.rs` (MXFP4, NVFP4),
+//! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0) (these five portable code only),
+//! `simd.rs` (dispatch and AVX2), `tests.rs`.
 
 mod float;
+mod fp4;
 mod iq4_nl;
+mod iq4_xs;
 mod k_quantize;
 mod k_quants;
+mod q1_q2;
 mod q4;
 mod q5;
 mod q8;
 // The one module allowed `unsafe`: runtime-detected AVX2 code (see its docs).
 #[allow(unsafe_code)]
 mod simd;
+mod ternary;
 #[cfg(test)]
 mod tests;
 
@@ -79,8 +84,22 @@ pub mod ty {
     pub const Q8_K: u32 = 15;
     /// `GGML_TYPE_IQ4_NL`.
     pub const IQ4_NL: u32 = 20;
+    /// `GGML_TYPE_IQ4_XS`.
+    pub const IQ4_XS: u32 = 23;
     /// `GGML_TYPE_BF16`.
     pub const BF16: u32 = 30;
+    /// `GGML_TYPE_TQ1_0`.
+    pub const TQ1_0: u32 = 34;
+    /// `GGML_TYPE_TQ2_0`.
+    pub const TQ2_0: u32 = 35;
+    /// `GGML_TYPE_MXFP4`.
+    pub const MXFP4: u32 = 39;
+    /// `GGML_TYPE_NVFP4`.
+    pub const NVFP4: u32 = 40;
+    /// `GGML_TYPE_Q1_0`.
+    pub const Q1_0: u32 = 41;
+    /// `GGML_TYPE_Q2_0`.
+    pub const Q2_0: u32 = 42;
 }
 
 /// Elements per super-block of the K-quants (`QK_K`).
@@ -107,6 +126,13 @@ pub fn block_layout(type_id: u32) -> Option<(usize, usize)> {
         ty::Q6_K => (QK_K, k_quants::Q6_K_BYTES),
         ty::Q8_K => (QK_K, q8::Q8_K_BYTES),
         ty::IQ4_NL => (QK32, iq4_nl::IQ4_NL_BYTES),
+        ty::IQ4_XS => (QK_K, iq4_xs::IQ4_XS_BYTES),
+        ty::MXFP4 => (QK32, fp4::MXFP4_BYTES),
+        ty::NVFP4 => (fp4::QK_NVFP4, fp4::NVFP4_BYTES),
+        ty::TQ1_0 => (QK_K, ternary::TQ1_0_BYTES),
+        ty::TQ2_0 => (QK_K, ternary::TQ2_0_BYTES),
+        ty::Q1_0 => (q1_q2::QK1_0, q1_q2::Q1_0_BYTES),
+        ty::Q2_0 => (q1_q2::QK2_0, q1_q2::Q2_0_BYTES),
         _ => return None,
     })
 }
@@ -124,7 +150,8 @@ pub fn row_size(type_id: u32, n: usize) -> Option<usize> {
 /// Whether `type_id` can be dequantized and used as MUL_MAT / GET_ROWS weights.
 ///
 /// These are the types with both `to_float` and a `vec_dot` in ggml: F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and IQ4_NL. (Q8_1 and Q8_K are activation formats only:
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and
+/// Q2_0. (Q8_1 and Q8_K are activation formats only:
 /// [`dequantize_row`] and [`quantize_row`] handle them, [`vec_dot`] does not.)
 pub fn supports(type_id: u32) -> bool {
     matches!(
@@ -143,12 +170,20 @@ pub fn supports(type_id: u32) -> bool {
             | ty::Q5_K
             | ty::Q6_K
             | ty::IQ4_NL
+            | ty::IQ4_XS
+            | ty::MXFP4
+            | ty::NVFP4
+            | ty::TQ1_0
+            | ty::TQ2_0
+            | ty::Q1_0
+            | ty::Q2_0
     )
 }
 
 /// The type ggml converts activations (src1 of MUL_MAT) to before the dot product with weights
-/// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K
-/// for the K-quants, the type itself for F16/BF16/F32.
+/// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4/NVFP4/Q1_0/
+/// Q2_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants/IQ4_XS/TQ1_0/TQ2_0, the type itself for
+/// F16/BF16/F32.
 ///
 /// Q8_1 maps to itself as in ggml's table (it has no `vec_dot` there either); `None` for every
 /// type without an entry here.
@@ -158,8 +193,10 @@ pub fn vec_dot_type(type_id: u32) -> Option<u32> {
         ty::F16 => ty::F16,
         ty::BF16 => ty::BF16,
         ty::Q4_0 | ty::Q5_0 | ty::Q8_0 | ty::IQ4_NL => ty::Q8_0,
+        ty::MXFP4 | ty::NVFP4 | ty::Q1_0 | ty::Q2_0 => ty::Q8_0,
         ty::Q4_1 | ty::Q5_1 | ty::Q8_1 => ty::Q8_1,
         ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => ty::Q8_K,
+        ty::IQ4_XS | ty::TQ1_0 | ty::TQ2_0 => ty::Q8_K,
         _ => return None,
     })
 }
@@ -189,6 +226,13 @@ pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         ty::Q5_K => simd::dequantize_q5_k(src, dst),
         ty::Q6_K => simd::dequantize_q6_k(src, dst),
         ty::IQ4_NL => iq4_nl::dequantize_iq4_nl(src, dst),
+        ty::IQ4_XS => iq4_xs::dequantize_iq4_xs(src, dst),
+        ty::MXFP4 => fp4::dequantize_mxfp4(src, dst),
+        ty::NVFP4 => fp4::dequantize_nvfp4(src, dst),
+        ty::TQ1_0 => ternary::dequantize_tq1_0(src, dst),
+        ty::TQ2_0 => ternary::dequantize_tq2_0(src, dst),
+        ty::Q1_0 => q1_q2::dequantize_q1_0(src, dst),
+        ty::Q2_0 => q1_q2::dequantize_q2_0(src, dst),
         // checked_len accepted only the types above
         _ => {}
     }
@@ -223,7 +267,7 @@ pub fn quantize_row(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
 
 /// Quantizes `src.len()` f32 values into `dst` with ggml's reference quantizers
 /// (`quantize_row_*_ref`, ggml's `from_float_ref`), for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0, Q8_1, Q8_K, Q2_K..Q6_K and IQ4_NL.
+/// Q8_0, Q8_1, Q8_K, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0.
 pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()> {
     if !matches!(
         type_id,
@@ -243,6 +287,13 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
             | ty::Q5_K
             | ty::Q6_K
             | ty::IQ4_NL
+            | ty::IQ4_XS
+            | ty::MXFP4
+            | ty::NVFP4
+            | ty::TQ1_0
+            | ty::TQ2_0
+            | ty::Q1_0
+            | ty::Q2_0
     ) {
         return Err(unsupported(type_id));
     }
@@ -264,6 +315,13 @@ pub fn quantize_row_ref(type_id: u32, src: &[f32], dst: &mut [u8]) -> Result<()>
         ty::Q5_K => k_quantize::quantize_q5_k_ref(src, dst),
         ty::Q6_K => k_quantize::quantize_q6_k_ref(src, dst),
         ty::IQ4_NL => iq4_nl::quantize_iq4_nl_ref(src, dst),
+        ty::IQ4_XS => iq4_xs::quantize_iq4_xs_ref(src, dst),
+        ty::MXFP4 => fp4::quantize_mxfp4_ref(src, dst),
+        ty::NVFP4 => fp4::quantize_nvfp4_ref(src, dst),
+        ty::TQ1_0 => ternary::quantize_tq1_0_ref(src, dst),
+        ty::TQ2_0 => ternary::quantize_tq2_0_ref(src, dst),
+        ty::Q1_0 => q1_q2::quantize_q1_0_ref(src, dst),
+        ty::Q2_0 => q1_q2::quantize_q2_0_ref(src, dst),
         _ => {}
     }
     Ok(())
@@ -294,6 +352,13 @@ pub fn vec_dot(type_id: u32, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
         ty::Q2_K => simd::vec_dot_q2_k_q8_k(x, y),
         ty::Q3_K => simd::vec_dot_q3_k_q8_k(x, y),
         ty::IQ4_NL => iq4_nl::vec_dot_iq4_nl_q8_0(x, y),
+        ty::IQ4_XS => iq4_xs::vec_dot_iq4_xs_q8_k(x, y),
+        ty::MXFP4 => fp4::vec_dot_mxfp4_q8_0(x, y),
+        ty::NVFP4 => fp4::vec_dot_nvfp4_q8_0(x, y),
+        ty::TQ1_0 => ternary::vec_dot_tq1_0_q8_k(x, y),
+        ty::TQ2_0 => ternary::vec_dot_tq2_0_q8_k(x, y),
+        ty::Q1_0 => q1_q2::vec_dot_q1_0_q8_0(x, y),
+        ty::Q2_0 => q1_q2::vec_dot_q2_0_q8_0(x, y),
         // supports() admitted only the types handled above
         _ => 0.0,
     })

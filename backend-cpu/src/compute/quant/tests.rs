@@ -6,7 +6,7 @@ use super::*;
 use proto_core::ggml::type_info;
 
 /// Every type with a `to_float` here.
-const DEQUANT_TYPES: [u32; 16] = [
+const DEQUANT_TYPES: [u32; 23] = [
     ty::F32,
     ty::F16,
     ty::BF16,
@@ -23,10 +23,17 @@ const DEQUANT_TYPES: [u32; 16] = [
     ty::Q6_K,
     ty::Q8_K,
     ty::IQ4_NL,
+    ty::IQ4_XS,
+    ty::MXFP4,
+    ty::NVFP4,
+    ty::TQ1_0,
+    ty::TQ2_0,
+    ty::Q1_0,
+    ty::Q2_0,
 ];
 
 /// Every weight type (`supports`).
-const WEIGHT_TYPES: [u32; 14] = [
+const WEIGHT_TYPES: [u32; 21] = [
     ty::F32,
     ty::F16,
     ty::BF16,
@@ -41,6 +48,13 @@ const WEIGHT_TYPES: [u32; 14] = [
     ty::Q5_K,
     ty::Q6_K,
     ty::IQ4_NL,
+    ty::IQ4_XS,
+    ty::MXFP4,
+    ty::NVFP4,
+    ty::TQ1_0,
+    ty::TQ2_0,
+    ty::Q1_0,
+    ty::Q2_0,
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -154,6 +168,12 @@ fn quant_layouts_match_the_type_table() {
     assert_eq!(row_size(ty::Q4_0, 33), None);
     assert_eq!(row_size(ty::F16, 3), Some(6));
     assert_eq!(row_size(ty::IQ4_NL, 64), Some(36));
+    assert_eq!(row_size(ty::MXFP4, 64), Some(34));
+    assert_eq!(row_size(ty::NVFP4, 128), Some(72));
+    assert_eq!(row_size(ty::NVFP4, 32), None);
+    assert_eq!(row_size(ty::Q1_0, 256), Some(36));
+    assert_eq!(row_size(ty::Q2_0, 64), Some(18));
+    assert_eq!(row_size(ty::TQ1_0, 256), Some(54));
     assert_eq!(block_layout(21), None); // IQ3_S
 }
 
@@ -175,11 +195,18 @@ fn quant_vec_dot_type_is_ggml_cpus_table() {
         (ty::Q5_K, ty::Q8_K),
         (ty::Q6_K, ty::Q8_K),
         (ty::IQ4_NL, ty::Q8_0),
+        (ty::IQ4_XS, ty::Q8_K),
+        (ty::MXFP4, ty::Q8_0),
+        (ty::NVFP4, ty::Q8_0),
+        (ty::TQ1_0, ty::Q8_K),
+        (ty::TQ2_0, ty::Q8_K),
+        (ty::Q1_0, ty::Q8_0),
+        (ty::Q2_0, ty::Q8_0),
     ];
     for (t, v) in expect {
         assert_eq!(vec_dot_type(t), Some(v), "type {t}");
     }
-    for t in [ty::Q8_K, 16, 21, 23, 26, 39, 1000] {
+    for t in [ty::Q8_K, 16, 21, 22, 26, 29, 43, 1000] {
         assert_eq!(vec_dot_type(t), None, "type {t}");
     }
 }
@@ -849,6 +876,168 @@ fn quant_iq4_nl_matches_ggml_golden_bytes() {
     }
 }
 
+/// The formats added after IQ4_NL against the real ggml (`scripts/conformance/quant-golden.py`):
+/// `quantize_row_*_ref` on `input.f32` + `input_ext.f32` (which adds power-of-two and
+/// rounding-boundary scales, subnormals, infinities and NaN), byte for byte, through both
+/// [`quantize_row`] and [`quantize_row_ref`]; and `dequantize_row_*` of random blocks, bit for
+/// bit.
+#[test]
+fn quant_new_formats_match_ggml_golden() {
+    const DIR: &str = "k_quant_golden";
+    macro_rules! golden {
+        ($name:literal) => {
+            (
+                include_bytes!(concat!(
+                    "../../../tests/data/",
+                    "k_quant_golden/",
+                    $name,
+                    ".bin"
+                ))
+                .as_slice(),
+                include_bytes!(concat!(
+                    "../../../tests/data/",
+                    "k_quant_golden/deq_",
+                    $name,
+                    ".bin"
+                ))
+                .as_slice(),
+            )
+        };
+    }
+    let ext: &[u8] = include_bytes!("../../../tests/data/k_quant_golden/input_ext.f32");
+    let mut x = k_golden_input();
+    x.extend(
+        ext.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    // (type, (quantized rows, random blocks + their dequantization))
+    #[allow(clippy::type_complexity)]
+    let cases: [(u32, (&[u8], &[u8])); 7] = [
+        (ty::IQ4_XS, golden!("iq4_xs")),
+        (ty::MXFP4, golden!("mxfp4")),
+        (ty::NVFP4, golden!("nvfp4")),
+        (ty::TQ1_0, golden!("tq1_0")),
+        (ty::TQ2_0, golden!("tq2_0")),
+        (ty::Q1_0, golden!("q1_0")),
+        (ty::Q2_0, golden!("q2_0")),
+    ];
+    for (t, (want, deq_data)) in cases {
+        let (block, bytes) = block_layout(t).unwrap();
+        assert_eq!(want.len(), x.len() / block * bytes, "{DIR}: type {t}");
+        for got in [quant(t, &x), quant_ref(t, &x)] {
+            for (blk, (g, w)) in got
+                .chunks_exact(bytes)
+                .zip(want.chunks_exact(bytes))
+                .enumerate()
+            {
+                assert_eq!(
+                    g,
+                    w,
+                    "type {t} block {blk} (values {:?}..)",
+                    &x[blk * block..blk * block + 4]
+                );
+            }
+        }
+        let raw_len = deq_data.len() / (bytes + 4 * block) * bytes;
+        let (raw, want_f) = deq_data.split_at(raw_len);
+        let n = raw_len / bytes * block;
+        assert_eq!(want_f.len(), 4 * n);
+        let got = deq(t, raw, n);
+        for (i, (g, w)) in got.iter().zip(want_f.chunks_exact(4)).enumerate() {
+            let w = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            assert_eq!(g.to_bits(), w.to_bits(), "type {t} element {i}: {g} vs {w}");
+        }
+    }
+}
+
+/// Any bytes are valid blocks of the new formats (NaN and infinite scales included): the
+/// dequantizers and dot products take them without panicking, and the quantizers take any
+/// floats.
+#[test]
+fn quant_new_formats_take_arbitrary_input() {
+    let mut rng = Rng::new(29);
+    for t in [
+        ty::IQ4_XS,
+        ty::MXFP4,
+        ty::NVFP4,
+        ty::TQ1_0,
+        ty::TQ2_0,
+        ty::Q1_0,
+        ty::Q2_0,
+    ] {
+        for _ in 0..20 {
+            let n = 1024;
+            let x = rng.bytes(row_size(t, n).unwrap());
+            let yt = vec_dot_type(t).unwrap();
+            let y = rng.bytes(row_size(yt, n).unwrap());
+            let _ = deq(t, &x, n);
+            let _ = vec_dot(t, n, &x, &y).unwrap();
+            let f: Vec<f32> = rng
+                .bytes(4 * n)
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let _ = quant(t, &f);
+        }
+        // lengths that are not whole blocks are errors
+        let (block, bytes) = block_layout(t).unwrap();
+        assert!(dequantize_row(t, &vec![0u8; 2 * bytes], &mut vec![0f32; block + 1]).is_err());
+        assert!(dequantize_row(t, &vec![0u8; bytes - 1], &mut vec![0f32; block]).is_err());
+        assert!(quantize_row(t, &vec![0f32; block], &mut vec![0u8; bytes - 1]).is_err());
+        assert!(vec_dot(t, block, &vec![0u8; bytes], &[0u8; 8]).is_err());
+    }
+}
+
+/// Quantize then dequantize the new formats on ordinary data: each element within a bound of
+/// the format's step.
+#[test]
+fn quant_new_formats_round_trip() {
+    let mut rng = Rng::new(23);
+    let x = rng.floats(256 * 8);
+    for t in [
+        ty::IQ4_XS,
+        ty::MXFP4,
+        ty::NVFP4,
+        ty::TQ2_0,
+        ty::TQ1_0,
+        ty::Q2_0,
+        ty::Q1_0,
+    ] {
+        let back = deq(t, &quant(t, &x), x.len());
+        let block = block_layout(t).unwrap().0;
+        let sub = match t {
+            ty::NVFP4 => 16,
+            ty::IQ4_XS => 32,
+            _ => block,
+        };
+        for (xb, bb) in x.chunks_exact(sub).zip(back.chunks_exact(sub)) {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mean = xb.iter().map(|v| v.abs()).sum::<f32>() / sub as f32;
+            // E2M1's widest gap is 2 of its 6 (a third of amax, halved, with the power-of-two
+            // scale up to twice too large for MXFP4); IQ4 about an eighth; ternary and Q2_0
+            // half a step of amax; Q1_0 keeps only the sign at the mean magnitude
+            let bound = match t {
+                ty::MXFP4 => amax / 3.0 * 1.01,
+                ty::NVFP4 => amax / 6.0 * 1.07,
+                ty::IQ4_XS => amax * 0.15,
+                ty::TQ1_0 | ty::TQ2_0 | ty::Q2_0 => amax * 0.5 * 1.001,
+                _ => amax + mean,
+            };
+            for (a, r) in xb.iter().zip(bb) {
+                assert!(
+                    (a - r).abs() <= bound,
+                    "type {t}: {a} -> {r} (bound {bound})"
+                );
+            }
+            if t == ty::Q1_0 {
+                for (a, r) in xb.iter().zip(bb) {
+                    assert_eq!(*a >= 0.0, *r >= 0.0, "Q1_0 keeps the sign of {a}");
+                }
+            }
+        }
+    }
+}
+
 /// Quantize then dequantize: the error of each element stays within a bound derived from the
 /// row's range, and quantizing the dequantized row again is stable enough to stay close.
 #[test]
@@ -945,12 +1134,7 @@ fn quant_vec_dot_matches_dequantized_dot() {
     let mut rng = Rng::new(5);
     for t in WEIGHT_TYPES {
         for blocks in [1usize, 3, 16] {
-            let n = blocks
-                * if matches!(t, ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K) {
-                    256
-                } else {
-                    32
-                };
+            let n = blocks * block_layout(t).unwrap().0;
             let x = random_weights(&mut rng, t, n);
             let yt = vec_dot_type(t).unwrap();
             let y = quant(yt, &rng.floats(n));
@@ -1302,7 +1486,7 @@ fn quant_bad_lengths_are_errors() {
 #[test]
 fn quant_unsupported_types_are_refused() {
     let refused = |r: Result<()>| matches!(r, Err(Error::OpRefused { .. }));
-    for t in [16u32, 21, 23, 39, 1000] {
+    for t in [16u32, 21, 22, 29, 43, 1000] {
         assert!(refused(dequantize_row(t, &[0u8; 1000], &mut [0f32; 256])));
         assert!(refused(quantize_row(t, &[0f32; 256], &mut [0u8; 1000])));
         assert!(matches!(
