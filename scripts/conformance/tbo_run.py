@@ -67,18 +67,17 @@ GROUPS = {
 
 
 # The element types the compute issue lists (F32/F16/BF16, the classic and K quants), the
-# integer types, and the further formats our CPU backend implements (IQ4_NL); a case with any
-# other type parameter is out of scope for --scope listed.
+# integer types, and the further formats our CPU backend implements; a case with any other
+# type parameter is out of scope for --scope listed.
 LISTED_TYPES = {
     "f32", "f16", "bf16", "i8", "i16", "i32", "i64",
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
     "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
-    "iq4_nl",
+    "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "q1_0", "q2_0",
 }
 # Every ggml type name test-backend-ops prints (b11434), to recognise type parameters.
 ALL_TYPES = LISTED_TYPES | {
-    "q8_1", "q8_K", "q1_0", "q2_0", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "iq4_xs",
-    "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "f64",
+    "q8_1", "q8_K", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "f64",
 }
 PARAM = re.compile(r"(\w+)=(\w+)")
 
