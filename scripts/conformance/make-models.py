@@ -5,7 +5,8 @@ The tokenizer (SentencePiece "llama" vocabulary, 32000 tokens) is borrowed from
 llama.cpp's `models/ggml-vocab-llama-spm.gguf`; every other tensor is random with a fixed
 seed, so the same command always writes byte-identical files.
 
-Types: f32, f16, q8_0, q4_0, q4_k. Quantized models store every 2-D weight (token_embd
+Types: f32, f16, q8_0, q4_0, q4_k, and the grid formats iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
+iq3_s, iq1_s, iq1_m (quantized with an all-ones importance matrix). Quantized models store every 2-D weight (token_embd
 and output included) in that type and the norms in F32. Quantization uses ggml's own
 ggml_quantize_chunk() from the peer's libggml-base.so through ctypes (the same code
 llama-quantize runs; the b11434 peer install has no llama-quantize binary), so all types
@@ -53,7 +54,17 @@ TYPES = {
     "q8_0": (GQT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "q4_0": (GQT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
     "q4_k": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
+    # the grid formats (quantized with an all-ones importance matrix, which ggml requires for
+    # IQ2_XXS, IQ2_XS and IQ1_S)
+    "iq2_xxs": (GQT.IQ2_XXS, gguf.LlamaFileType.MOSTLY_IQ2_XXS),
+    "iq2_xs": (GQT.IQ2_XS, gguf.LlamaFileType.MOSTLY_IQ2_XS),
+    "iq2_s": (GQT.IQ2_S, gguf.LlamaFileType.MOSTLY_IQ2_S),
+    "iq3_xxs": (GQT.IQ3_XXS, gguf.LlamaFileType.MOSTLY_IQ3_XXS),
+    "iq3_s": (GQT.IQ3_S, gguf.LlamaFileType.MOSTLY_IQ3_S),
+    "iq1_s": (GQT.IQ1_S, gguf.LlamaFileType.MOSTLY_IQ1_S),
+    "iq1_m": (GQT.IQ1_M, gguf.LlamaFileType.MOSTLY_IQ1_M),
 }
+GRID_TYPES = {GQT.IQ2_XXS, GQT.IQ2_XS, GQT.IQ2_S, GQT.IQ3_XXS, GQT.IQ3_S, GQT.IQ1_S, GQT.IQ1_M}
 PRESETS = {
     "tiny": dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=512, tied=False),
     "bench": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=12, n_ff=2048, n_ctx=2048, tied=True),
@@ -79,8 +90,10 @@ class GgmlQuantizer:
         nrows, n_per_row = data.shape
         row_size = self.lib.ggml_row_size(int(qtype), n_per_row)
         out = np.zeros((nrows, row_size), dtype=np.uint8)
+        imatrix = np.ones(n_per_row, dtype=np.float32) if qtype in GRID_TYPES else None
         n = self.lib.ggml_quantize_chunk(int(qtype), data.ctypes.data, out.ctypes.data, 0,
-                                         nrows, n_per_row, None)
+                                         nrows, n_per_row,
+                                         None if imatrix is None else imatrix.ctypes.data)
         assert n == out.nbytes, (n, out.nbytes)
         return out
 

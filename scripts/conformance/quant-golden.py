@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Golden vectors for the reference quantizers of Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
-TQ1_0, TQ2_0, Q1_0 and Q2_0, and for the dequantizers of the last seven.
+TQ1_0, TQ2_0, Q1_0 and Q2_0, for the dequantizers of the last seven, and for the dequantizers
+of the grid formats IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (which have no
+quantizer in ggml-cpu).
 
 Quantizes a fixed set of deterministic f32 rows (256 values each, one super-block) with the
 real ggml's `quantize_row_q{2..6}_K_ref` and `quantize_row_iq4_nl_ref` (libggml-base.so of llama.cpp b11434, through ctypes)
@@ -13,11 +15,15 @@ and writes, under backend-cpu/tests/data/k_quant_golden/:
   iq4_xs.bin, mxfp4.bin, nvfp4.bin, tq1_0.bin, tq2_0.bin, q1_0.bin, q2_0.bin
                   input.f32 followed by input_ext.f32, quantized (one call)
   deq_<type>.bin  DEQ_BLOCKS random blocks of <type> (f16 scales made finite) followed by
-                  ggml's dequantization of them (f32)
+                  ggml's dequantization of them (f32); also for the grid formats
+  grid_<type>.bin for the grid formats: random blocks (finite scales) whose grid indices run
+                  through every entry of the format's grid in order, followed by the 64-bit
+                  FNV-1a hash (little-endian) of the bytes of ggml's dequantization of them
 
 backend-cpu's unit tests `quant_k_quants_match_ggml_golden_bytes`,
 `quant_iq4_nl_matches_ggml_golden_bytes` and `quant_new_formats_match_ggml_golden` check that
-our quantizers give the same bytes and our dequantizers the same floats.
+our quantizers give the same bytes and our dequantizers the same floats;
+`quant_grid_formats_match_ggml_golden` checks the grid formats' dequantization.
 
 Usage: quant-golden.py [--lib DIR] [--out DIR]
 """
@@ -47,6 +53,10 @@ EXT_TYPES = [("iq4_xs", "iq4_xs", 136, 136, [0]),
              ("q1_0", "q1_0", 2 * 18, 18, [0]),
              ("q2_0", "q2_0", 4 * 18, 18, [0])]
 DEQ_BLOCKS = 4
+# grid formats: name, bytes per block, grid size, grid indices per block
+GRID_TYPES = [("iq2_xxs", 66, 256, 32), ("iq2_xs", 74, 512, 32), ("iq2_s", 82, 1024, 32),
+              ("iq3_xxs", 98, 256, 64), ("iq3_s", 110, 512, 64),
+              ("iq1_s", 50, 2048, 32), ("iq1_m", 56, 2048, 32)]
 
 
 def f32(x):
@@ -136,6 +146,94 @@ def finite_half(rng):
             return h
 
 
+def set_grid_index(name, blk, k, idx):
+    """Makes grid index k (0..indices per block) of the block `blk` (a bytearray) `idx`."""
+    if name == "iq2_xxs":
+        blk[2 + 8 * (k // 4) + k % 4] = idx  # bytes 0..3 of each block's 8 bytes
+        return
+    if name == "iq2_xs":
+        q = struct.unpack_from("<H", blk, 2 + 2 * k)[0]
+        struct.pack_into("<H", blk, 2 + 2 * k, (q & ~511) | idx)
+        return
+    if name == "iq2_s":
+        blk[2 + k] = idx & 255
+        sh = 2 * (k % 4)
+        blk[66 + k // 4] = (blk[66 + k // 4] & ~(3 << sh)) | ((idx >> 8) << sh)
+        return
+    if name == "iq3_xxs":
+        blk[2 + k] = idx
+        return
+    if name == "iq3_s":
+        blk[2 + k] = idx & 255
+        sh = k % 8
+        blk[66 + k // 8] = (blk[66 + k // 8] & ~(1 << sh)) | ((idx >> 8) << sh)
+        return
+    if name == "iq1_s":
+        blk[2 + k] = idx & 255
+        at, sh = 34 + 2 * (k // 4), 3 * (k % 4)
+        qh = struct.unpack_from("<H", blk, at)[0]
+        struct.pack_into("<H", blk, at, (qh & ~(7 << sh)) | ((idx >> 8) << sh))
+        return
+    if name == "iq1_m":
+        blk[k] = idx & 255
+        at, sh = 32 + k // 2, 4 * (k % 2)
+        blk[at] = (blk[at] & ~(7 << sh)) | ((idx >> 8) << sh)
+        return
+    raise ValueError(name)
+
+
+def finite_scale(name, rng, blk):
+    """Makes the f16 super-block scale of `blk` finite (IQ1_M: spread over four nibbles)."""
+    h = finite_half(rng)
+    if name == "iq1_m":
+        for k in range(4):
+            at = 48 + 2 * k
+            sc = struct.unpack_from("<H", blk, at)[0]
+            struct.pack_into("<H", blk, at, (sc & 0x0FFF) | (((h >> (4 * k)) & 15) << 12))
+    else:
+        struct.pack_into("<H", blk, 0, h)
+
+
+def fnv1a64(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def dequantize(lib, name, raw):
+    n = len(raw) // dict((t[0], t[1]) for t in GRID_TYPES)[name] * QK_K
+    deq = getattr(lib, "dequantize_row_%s" % name)
+    deq.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    deq.restype = None
+    inp = (ctypes.c_uint8 * len(raw)).from_buffer_copy(bytes(raw))
+    out = (ctypes.c_float * n)()
+    deq(inp, out, n)
+    return bytes(out)
+
+
+def grid_goldens(lib, out_dir):
+    rng = random.Random(11)
+    for name, size, ngrid, per_block in GRID_TYPES:
+        raw = bytearray()
+        for b in range(DEQ_BLOCKS):
+            blk = bytearray(rng.getrandbits(8) for _ in range(size))
+            finite_scale(name, rng, blk)
+            raw += blk
+        with open(os.path.join(out_dir, "deq_" + name + ".bin"), "wb") as f:
+            f.write(bytes(raw) + dequantize(lib, name, raw))
+        raw = bytearray()
+        for b in range(ngrid // per_block):
+            blk = bytearray(rng.getrandbits(8) for _ in range(size))
+            finite_scale(name, rng, blk)
+            for k in range(per_block):
+                set_grid_index(name, blk, k, b * per_block + k)
+            raw += blk
+        digest = fnv1a64(dequantize(lib, name, raw))
+        with open(os.path.join(out_dir, "grid_" + name + ".bin"), "wb") as f:
+            f.write(bytes(raw) + struct.pack("<Q", digest))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default="/var/cache/ggml-rpc-peer/b11434/lib")
@@ -185,6 +283,7 @@ def main():
         deq(inp, out, n)
         with open(os.path.join(args.out, "deq_" + name + ".bin"), "wb") as f:
             f.write(bytes(raw) + bytes(out))
+    grid_goldens(lib, args.out)
     print("%d + %d rows of %d into %s" % (len(data), len(ext), QK_K, args.out))
 
 

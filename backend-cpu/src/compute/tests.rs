@@ -1473,6 +1473,93 @@ fn mul_mat_in_every_weight_type_with_broadcast_and_transposed_activations() {
     }
 }
 
+/// Random rows of a grid format (IQ2_XXS .. IQ1_M: any bytes are valid blocks) with small
+/// finite f16 super-block scales (IQ1_M's spread over the top nibbles of its scale words).
+fn random_grid_rows(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
+    let (block, size) = type_size(type_id);
+    let mut bytes: Vec<u8> = (0..n / block * size).map(|_| rng.next() as u8).collect();
+    for b in bytes.chunks_exact_mut(size) {
+        let h = f32_to_f16(0.002 + 0.001 * rng.f32());
+        if type_id == quant::ty::IQ1_M {
+            for k in 0..4 {
+                b[49 + 2 * k] = (b[49 + 2 * k] & 0x0F) | ((((h >> (4 * k)) & 15) as u8) << 4);
+            }
+        } else {
+            b[..2].copy_from_slice(&h.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// The grid formats (no quantizer, as in ggml-cpu): GET_ROWS and CPY to F32 give
+/// `dequantize_row` exactly, MUL_MAT the dot products with Q8_K activations; CPY and SET_ROWS
+/// into them are refused.
+#[test]
+fn grid_formats_get_rows_cpy_and_mul_mat() {
+    let mut rng = Rng::new(41);
+    for w_type in [
+        quant::ty::IQ2_XXS,
+        quant::ty::IQ2_XS,
+        quant::ty::IQ2_S,
+        quant::ty::IQ3_XXS,
+        quant::ty::IQ3_S,
+        quant::ty::IQ1_S,
+        quant::ty::IQ1_M,
+    ] {
+        let k = 256 * (1 + rng.below(2));
+        let (m, n) = (1 + rng.below(20), 1 + rng.below(5));
+        let w_bytes = random_grid_rows(&mut rng, w_type, k * m);
+        let mut wv = vec![0.0f32; k * m];
+        quant::dequantize_row(w_type, &w_bytes, &mut wv).unwrap();
+        let x = rng.values(k * n, 1.0);
+        // the activations as the dot product sees them: rows through Q8_K
+        let mut xv = vec![0.0f32; k * n];
+        for (row, deq) in x.chunks(k).zip(xv.chunks_mut(k)) {
+            let mut q = vec![0u8; quant::row_size(quant::ty::Q8_K, k).unwrap()];
+            quant::quantize_row(quant::ty::Q8_K, row, &mut q).unwrap();
+            quant::dequantize_row(quant::ty::Q8_K, &q, deq).unwrap();
+        }
+
+        let mut g = G::new();
+        let wt = g.input_bytes(w_type, [k, m, 1, 1], &w_bytes);
+        let xt = g.input(ty::F32, [k, n, 1, 1], &x);
+        let ids: Vec<i64> = (0..3).map(|_| rng.below(m) as i64).collect();
+        let rows = g.ids(ty::I32, [3, 1, 1, 1], &ids);
+        let got_rows = g.node(Op::GET_ROWS, ty::F32, [k, 3, 1, 1], &[wt, rows], &[]);
+        let copy = g.node(Op::CPY, ty::F32, [k, m, 1, 1], &[wt], &[]);
+        let mm = g.node(Op::MUL_MAT, ty::F32, [m, n, 1, 1], &[wt, xt], &[]);
+        let out = g.run(2).unwrap();
+        let what = format!("type {w_type} k {k} m {m} n {n}");
+        let want_rows: Vec<f64> = ids
+            .iter()
+            .flat_map(|&r| wide(&wv[r as usize * k..(r as usize + 1) * k]))
+            .collect();
+        assert_close(&g.read(&out, got_rows), &want_rows, 0.0, &what);
+        assert_close(&g.read(&out, copy), &wide(&wv), 0.0, &what);
+        let want: Vec<f64> = all([m, n, 1, 1])
+            .map(|[i0, i1, _, _]| {
+                (0..k)
+                    .map(|kk| f64::from(wv[i0 * k + kk]) * f64::from(xv[i1 * k + kk]))
+                    .sum()
+            })
+            .collect();
+        assert_close(&g.read(&out, mm), &want, 1e-10, &what);
+
+        // no quantizer: CPY and SET_ROWS into the format are refused
+        let mut g = G::new();
+        let a = g.input(ty::F32, [256, 1, 1, 1], &x[..256]);
+        let dst = g.zeros(w_type, [256, 1, 1, 1]);
+        g.node_into(Op::CPY, dst, &[a], &[]);
+        assert_refused(&g, ErrorKind::OpRefused);
+        let mut g = G::new();
+        let a = g.input(ty::F32, [256, 1, 1, 1], &x[..256]);
+        let idx = g.ids(I64, [1, 1, 1, 1], &[0]);
+        let cache = g.zeros(w_type, [256, 2, 1, 1]);
+        g.node_into(Op::SET_ROWS, cache, &[a, idx], &[]);
+        assert_refused(&g, ErrorKind::OpRefused);
+    }
+}
+
 #[test]
 fn mul_mat_with_strided_float_weights_widens_them() {
     let mut rng = Rng::new(21);

@@ -30,13 +30,19 @@
 //! Module layout: `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
 //! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `k_quantize.rs` (their reference
 //! quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS), `fp4.rs` (MXFP4, NVFP4),
-//! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0) (these five portable code only),
+//! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S),
+//! `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight portable code only; the
+//! grid formats' tables are generated into `iq_grids.rs`),
 //! `simd.rs` (dispatch and AVX2), `tests.rs`.
 
 mod float;
 mod fp4;
+mod iq1;
+mod iq2;
+mod iq3;
 mod iq4_nl;
 mod iq4_xs;
+mod iq_grids;
 mod k_quantize;
 mod k_quants;
 mod q1_q2;
@@ -82,10 +88,24 @@ pub mod ty {
     pub const Q6_K: u32 = 14;
     /// `GGML_TYPE_Q8_K`.
     pub const Q8_K: u32 = 15;
+    /// `GGML_TYPE_IQ2_XXS`.
+    pub const IQ2_XXS: u32 = 16;
+    /// `GGML_TYPE_IQ2_XS`.
+    pub const IQ2_XS: u32 = 17;
+    /// `GGML_TYPE_IQ3_XXS`.
+    pub const IQ3_XXS: u32 = 18;
+    /// `GGML_TYPE_IQ1_S`.
+    pub const IQ1_S: u32 = 19;
     /// `GGML_TYPE_IQ4_NL`.
     pub const IQ4_NL: u32 = 20;
+    /// `GGML_TYPE_IQ3_S`.
+    pub const IQ3_S: u32 = 21;
+    /// `GGML_TYPE_IQ2_S`.
+    pub const IQ2_S: u32 = 22;
     /// `GGML_TYPE_IQ4_XS`.
     pub const IQ4_XS: u32 = 23;
+    /// `GGML_TYPE_IQ1_M`.
+    pub const IQ1_M: u32 = 29;
     /// `GGML_TYPE_BF16`.
     pub const BF16: u32 = 30;
     /// `GGML_TYPE_TQ1_0`.
@@ -127,6 +147,13 @@ pub fn block_layout(type_id: u32) -> Option<(usize, usize)> {
         ty::Q8_K => (QK_K, q8::Q8_K_BYTES),
         ty::IQ4_NL => (QK32, iq4_nl::IQ4_NL_BYTES),
         ty::IQ4_XS => (QK_K, iq4_xs::IQ4_XS_BYTES),
+        ty::IQ2_XXS => (QK_K, iq2::IQ2_XXS_BYTES),
+        ty::IQ2_XS => (QK_K, iq2::IQ2_XS_BYTES),
+        ty::IQ2_S => (QK_K, iq2::IQ2_S_BYTES),
+        ty::IQ3_XXS => (QK_K, iq3::IQ3_XXS_BYTES),
+        ty::IQ3_S => (QK_K, iq3::IQ3_S_BYTES),
+        ty::IQ1_S => (QK_K, iq1::IQ1_S_BYTES),
+        ty::IQ1_M => (QK_K, iq1::IQ1_M_BYTES),
         ty::MXFP4 => (QK32, fp4::MXFP4_BYTES),
         ty::NVFP4 => (fp4::QK_NVFP4, fp4::NVFP4_BYTES),
         ty::TQ1_0 => (QK_K, ternary::TQ1_0_BYTES),
@@ -150,8 +177,10 @@ pub fn row_size(type_id: u32, n: usize) -> Option<usize> {
 /// Whether `type_id` can be dequantized and used as MUL_MAT / GET_ROWS weights.
 ///
 /// These are the types with both `to_float` and a `vec_dot` in ggml: F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and
-/// Q2_0. (Q8_1 and Q8_K are activation formats only:
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0,
+/// Q2_0, and the grid formats IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (which
+/// have no quantizer: [`quantize_row`] refuses them, as ggml-cpu has no `from_float` for them).
+/// (Q8_1 and Q8_K are activation formats only:
 /// [`dequantize_row`] and [`quantize_row`] handle them, [`vec_dot`] does not.)
 pub fn supports(type_id: u32) -> bool {
     matches!(
@@ -177,12 +206,20 @@ pub fn supports(type_id: u32) -> bool {
             | ty::TQ2_0
             | ty::Q1_0
             | ty::Q2_0
+            | ty::IQ2_XXS
+            | ty::IQ2_XS
+            | ty::IQ2_S
+            | ty::IQ3_XXS
+            | ty::IQ3_S
+            | ty::IQ1_S
+            | ty::IQ1_M
     )
 }
 
 /// The type ggml converts activations (src1 of MUL_MAT) to before the dot product with weights
 /// of `type_id` (ggml-cpu's `vec_dot_type`): Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4/NVFP4/Q1_0/
-/// Q2_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants/IQ4_XS/TQ1_0/TQ2_0, the type itself for
+/// Q2_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants/IQ4_XS/TQ1_0/TQ2_0 and the grid formats
+/// (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), the type itself for
 /// F16/BF16/F32.
 ///
 /// Q8_1 maps to itself as in ggml's table (it has no `vec_dot` there either); `None` for every
@@ -197,6 +234,8 @@ pub fn vec_dot_type(type_id: u32) -> Option<u32> {
         ty::Q4_1 | ty::Q5_1 | ty::Q8_1 => ty::Q8_1,
         ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => ty::Q8_K,
         ty::IQ4_XS | ty::TQ1_0 | ty::TQ2_0 => ty::Q8_K,
+        ty::IQ2_XXS | ty::IQ2_XS | ty::IQ2_S | ty::IQ3_XXS | ty::IQ3_S => ty::Q8_K,
+        ty::IQ1_S | ty::IQ1_M => ty::Q8_K,
         _ => return None,
     })
 }
@@ -233,6 +272,13 @@ pub fn dequantize_row(type_id: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         ty::TQ2_0 => ternary::dequantize_tq2_0(src, dst),
         ty::Q1_0 => q1_q2::dequantize_q1_0(src, dst),
         ty::Q2_0 => q1_q2::dequantize_q2_0(src, dst),
+        ty::IQ2_XXS => iq2::dequantize_iq2_xxs(src, dst),
+        ty::IQ2_XS => iq2::dequantize_iq2_xs(src, dst),
+        ty::IQ2_S => iq2::dequantize_iq2_s(src, dst),
+        ty::IQ3_XXS => iq3::dequantize_iq3_xxs(src, dst),
+        ty::IQ3_S => iq3::dequantize_iq3_s(src, dst),
+        ty::IQ1_S => iq1::dequantize_iq1_s(src, dst),
+        ty::IQ1_M => iq1::dequantize_iq1_m(src, dst),
         // checked_len accepted only the types above
         _ => {}
     }
@@ -359,6 +405,13 @@ pub fn vec_dot(type_id: u32, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
         ty::TQ2_0 => ternary::vec_dot_tq2_0_q8_k(x, y),
         ty::Q1_0 => q1_q2::vec_dot_q1_0_q8_0(x, y),
         ty::Q2_0 => q1_q2::vec_dot_q2_0_q8_0(x, y),
+        ty::IQ2_XXS => iq2::vec_dot_iq2_xxs_q8_k(x, y),
+        ty::IQ2_XS => iq2::vec_dot_iq2_xs_q8_k(x, y),
+        ty::IQ2_S => iq2::vec_dot_iq2_s_q8_k(x, y),
+        ty::IQ3_XXS => iq3::vec_dot_iq3_xxs_q8_k(x, y),
+        ty::IQ3_S => iq3::vec_dot_iq3_s_q8_k(x, y),
+        ty::IQ1_S => iq1::vec_dot_iq1_s_q8_k(x, y),
+        ty::IQ1_M => iq1::vec_dot_iq1_m_q8_k(x, y),
         // supports() admitted only the types handled above
         _ => 0.0,
     })
