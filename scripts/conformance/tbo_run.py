@@ -74,10 +74,11 @@ LISTED_TYPES = {
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
     "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
     "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "q1_0", "q2_0",
+    "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
 }
 # Every ggml type name test-backend-ops prints (b11434), to recognise type parameters.
 ALL_TYPES = LISTED_TYPES | {
-    "q8_1", "q8_K", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "f64",
+    "q8_1", "q8_K", "f64",
 }
 PARAM = re.compile(r"(\w+)=(\w+)")
 
