@@ -2163,12 +2163,43 @@ fn flash_attn_ext_with_gqa_mask_softcap_alibi_and_sinks() {
             f64::from(max_bias),
             f64::from(softcap),
         );
+        // F16 K/V take ggml's one-row path: the query rounded to F16, V sums kept in F16
+        let tolerance = if kv_type == ty::F16 { 1e-6 } else { 1e-10 };
         assert_close(
             &g.read(&out, fa),
             &want,
-            1e-10,
+            tolerance,
             &format!("flash_attn_ext round {round}"),
         );
+    }
+}
+
+#[test]
+fn flash_attn_ext_keeps_f16_value_sums_like_ggml_for_few_queries() {
+    // Every key scores 0, every value is 1: the exact output is 1. ggml's one-row path (fewer
+    // than 64 queries) sums V in F16, which stops growing at 2048 (2048 + 1 rounds back to
+    // 2048), while the weights' sum reaches n_kv in f32: it gives 2048 / n_kv. Its tiled path
+    // (64 queries or more) sums in f32 and gives 1.
+    let (d, n_kv) = (8, 3000);
+    for (n_q, want) in [(1, 2048.0 / 3000.0), (63, 2048.0 / 3000.0), (64, 1.0)] {
+        let mut g = G::new();
+        let q = g.input(ty::F32, [d, n_q, 1, 1], &vec![0.0; d * n_q]);
+        let k = g.input(ty::F16, [d, n_kv, 1, 1], &vec![0.5; d * n_kv]);
+        let v = g.input(ty::F16, [d, n_kv, 1, 1], &vec![1.0; d * n_kv]);
+        let fa = g.node(
+            Op::FLASH_ATTN_EXT,
+            ty::F32,
+            [d, 1, n_q, 1],
+            &[q, k, v],
+            &[f(1.0), f(0.0), f(0.0), 0],
+        );
+        let out = g.run(2).unwrap();
+        for (i, got) in g.read(&out, fa).into_iter().enumerate() {
+            assert!(
+                (got - want).abs() < 1e-6,
+                "n_q {n_q} element {i}: {got} != {want}"
+            );
+        }
     }
 }
 

@@ -23,6 +23,9 @@
 mod attention;
 mod copy;
 mod elementwise;
+// FLASH_ATTN_EXT's accumulators, with runtime-detected AVX2/FMA/F16C loops (see its docs).
+#[allow(unsafe_code)]
+mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
