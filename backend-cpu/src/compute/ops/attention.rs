@@ -250,11 +250,8 @@ impl OneRow<'_> {
                 let mut max = f32::NEG_INFINITY;
                 let mut sum = 0.0f32;
                 for c in 0..n_kv {
-                    let mv = if self.mask.is_some() {
-                        slope * mrow[c]
-                    } else {
-                        0.0
-                    };
+                    // (no mask: `mrow` is empty)
+                    let mv = mrow.get(c).map_or(0.0, |&m| slope * m);
                     if mv == f32::NEG_INFINITY {
                         continue;
                     }
