@@ -12,6 +12,11 @@
 //! | 5 | COMM_INIT link set-up succeeds (else it fails) |
 //! | 6 | report EOF after the last piece |
 //! | 7 | tiny graph limits (2 nodes, 4 tensors) |
+//!
+//! Pieces of odd length are delivered the way a shell with direct socket access delivers
+//! streamed SET_TENSOR data: as much of the piece as the session's
+//! `in_place_capacity` allows goes straight into backend memory through
+//! `Dispatcher::receive_in_place` (in random-sized receives), the rest through `handle_input`.
 
 use std::sync::Arc;
 
@@ -98,6 +103,13 @@ struct StreamCheck {
 }
 
 impl StreamCheck {
+    /// Streamed data placed in memory directly, bypassing the events.
+    fn placed(&mut self, n: u64) {
+        let remaining = self.remaining.as_mut().expect("in-place data outside a streamed write");
+        assert!(n <= *remaining, "more in-place data than announced");
+        *remaining -= n;
+    }
+
     fn observe(&mut self, event: &ServerEvent, max_chunk: usize) {
         match event {
             ServerEvent::Request(request) => {
@@ -194,7 +206,34 @@ impl Harness {
         if self.failed() {
             return out;
         }
-        self.session.handle_input(Bytes::copy_from_slice(piece));
+        let mut piece = piece;
+        if piece.len() % 2 == 1 && self.session.in_place_capacity() > 0 {
+            let capacity = self.session.in_place_capacity();
+            // a receive may fill only part of the region it is lent
+            let want = (piece.len() / 2 + 1).min(capacity as usize);
+            let source = piece;
+            let placed = self.dispatcher.receive_in_place(&mut self.session, &mut |dst| {
+                let n = want.min(dst.len());
+                dst[..n].copy_from_slice(&source[..n]);
+                n
+            });
+            match placed {
+                Ok(Some(n)) => {
+                    assert!(n as u64 <= capacity, "placed beyond the capacity");
+                    self.check.placed(n as u64);
+                    piece = &piece[n..];
+                }
+                // declined (the tensor cache stores this write): the buffered path
+                Ok(None) => {}
+                Err(error) => {
+                    self.stats.error = Some(error.to_string());
+                    return out;
+                }
+            }
+        }
+        if !piece.is_empty() {
+            self.session.handle_input(Bytes::copy_from_slice(piece));
+        }
         loop {
             let event = match self.session.poll_event() {
                 Ok(Some(event)) => event,
