@@ -27,6 +27,7 @@ use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
+use crate::compute::view::Layout;
 use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
 
 use super::{dot, reduce_lanes, widen_all, Node, LANES};
@@ -37,6 +38,13 @@ const TILE_WEIGHT_BYTES: usize = 128 << 10;
 /// Activation rows per tile.
 const TILE_ROWS: usize = 64;
 
+/// Weight rows per call of the Q4_0 / Q8_0 tile kernels (`quant::dot_tile`).
+const KERNEL_COLS: usize = 4;
+
+/// Activation rows per call of the Q4_0 / Q8_0 tile kernels: with [`KERNEL_COLS`], twelve
+/// accumulators, which with the operands fill the sixteen AVX2 vector registers.
+const KERNEL_ROWS: usize = 3;
+
 /// The activations, converted once per node.
 enum Prepared {
     /// f32 values (rounded through F16/BF16 for such weights), `k` per row: for weights that
@@ -45,12 +53,21 @@ enum Prepared {
     /// Rows in the weights' `vec_dot_type`, `stride` bytes each: for `quant::vec_dot` on the
     /// weights' own bytes (quantized weights, and float weights with few activation rows).
     Bytes { stride: usize, bytes: Vec<u8> },
+    /// Q8_0 rows laid out for the tile kernels of Q4_0 / Q8_0 weights (MUL_MAT).
+    Tiles(quant::Q8Rows),
 }
 
 impl Prepared {
     /// Converts every row of `x` (in the order of `x.layout.row_index`), for `widen`ed float
-    /// weights of type `weight_type` or for `quant::vec_dot` with them.
-    fn new(node: &Node<'_>, weight_type: u32, widen: bool, x: &SrcView<'_>) -> Result<Prepared> {
+    /// weights of type `weight_type` or for `quant::vec_dot` with them; for the tile kernels
+    /// if `tiles` names their weight format.
+    fn new(
+        node: &Node<'_>,
+        weight_type: u32,
+        widen: bool,
+        tiles: Option<quant::Q0>,
+        x: &SrcView<'_>,
+    ) -> Result<Prepared> {
         let k = x.layout.ne[0];
         let rows = x.layout.rows();
         let chunk = node.pool.chunk(rows, k * 4);
@@ -81,6 +98,9 @@ impl Prepared {
             }
             Ok(())
         })?;
+        if let Some(kind) = tiles {
+            return Ok(Prepared::Tiles(quant::Q8Rows::from_q8_0(kind, k, &bytes)?));
+        }
         Ok(Prepared::Bytes { stride, bytes })
     }
 }
@@ -151,10 +171,62 @@ impl<'a> Weights<'a> {
             }
             Prepared::Bytes { stride, bytes } => {
                 let y = &bytes[row * stride..(row + 1) * stride];
+                let type_id = self.view.layout.type_id;
+                // the checks of `quant::vec_dot` once for the row (every weight row has the
+                // same length), then its kernel per output element
+                let Some(first) = cols.clone().next() else {
+                    return Ok(());
+                };
+                quant::vec_dot(type_id, k, self.view.row([first, i2, i3]), y)?;
+                let kernel = quant::row_dot_kernel(type_id)
+                    .ok_or_else(|| internal("MUL_MAT weights without a dot product"))?;
                 for (o, c) in out.iter_mut().zip(cols) {
-                    *o =
-                        quant::vec_dot(self.view.layout.type_id, k, self.view.row([c, i2, i3]), y)?;
+                    *o = kernel(self.view.row([c, i2, i3]), y);
                 }
+            }
+            Prepared::Tiles(rows) => {
+                let y = [rows
+                    .row(row)
+                    .ok_or_else(|| internal("MUL_MAT activation row out of range"))?];
+                self.tile_row(rows.kind(), y, cols, (i2, i3), out, out.len())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tile kernels on weight rows `cols` of matrix `(i2, i3)` and the `RN` activation
+    /// rows `y`: row `j`'s results go to `out[j * width..][..cols.len()]`.
+    fn tile_row<const RN: usize>(
+        &self,
+        kind: quant::Q0,
+        y: [quant::Q8Row<'_>; RN],
+        cols: std::ops::Range<usize>,
+        (i2, i3): (usize, usize),
+        out: &mut [f32],
+        width: usize,
+    ) -> Result<()> {
+        let first = cols.start;
+        // The kernel's weight rows are a quarter of the range apart, so that each reads its
+        // own pages (hardware prefetchers follow one stream per page, not several
+        // interleaved ones).
+        let quarter = cols.len() / KERNEL_COLS;
+        for q in 0..quarter {
+            let w: [&[u8]; KERNEL_COLS] =
+                std::array::from_fn(|i| self.view.row([first + q + i * quarter, i2, i3]));
+            let mut o = [[0f32; RN]; KERNEL_COLS];
+            quant::dot_tile(kind, &w, &y, &mut o)?;
+            for (i, o) in o.iter().enumerate() {
+                for (j, &v) in o.iter().enumerate() {
+                    out[j * width + q + i * quarter] = v;
+                }
+            }
+        }
+        let c = first + quarter * KERNEL_COLS;
+        for c in c..cols.end {
+            let mut o = [[0f32; RN]; 1];
+            quant::dot_tile(kind, &[self.view.row([c, i2, i3])], &y, &mut o)?;
+            for (j, &v) in o[0].iter().enumerate() {
+                out[j * width + c - first] = v;
             }
         }
         Ok(())
@@ -249,7 +321,8 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return zeros(node, dst);
     }
     let weights = Weights::new(w);
-    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
+    let tiles = quant::Q0::of(w.layout.type_id).filter(|_| !weights.widen);
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, tiles, &x)?;
     let (r2, r3) = (
         x.layout.ne[2] / w.layout.ne[2],
         x.layout.ne[3] / w.layout.ne[3],
@@ -259,6 +332,9 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     node.pool
         .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
             let cols = part.cols();
+            if let Prepared::Tiles(rows) = &prepared {
+                return tiled_part(&weights, rows, &x, (r2, r3), &layout, scratch, &mut part);
+            }
             scratch.size(cols.len(), if weights.widen { k } else { 0 });
             let mut widened: Option<(usize, usize)> = None;
             for r in part.rows() {
@@ -282,6 +358,70 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
             }
             Ok(())
         })
+}
+
+/// A MUL_MAT tile with Q4_0 / Q8_0 weights: destination rows in groups of [`KERNEL_ROWS`]
+/// that share their weight matrix (the rest one by one), each group against the tile's
+/// weight rows through the tile kernels.
+fn tiled_part(
+    weights: &Weights<'_>,
+    rows: &quant::Q8Rows,
+    x: &SrcView<'_>,
+    (r2, r3): (usize, usize),
+    layout: &Layout,
+    scratch: &mut Scratch,
+    part: &mut DstPart<'_>,
+) -> Result<()> {
+    let cols = part.cols();
+    let width = cols.len();
+    scratch.out.resize(KERNEL_ROWS * width, 0.0);
+    scratch.bytes.resize(width * 4, 0);
+    let kind = rows.kind();
+    let activation = |r: usize| {
+        let row = x.layout.row_number(layout.row_index(r));
+        rows.row(row)
+            .ok_or_else(|| internal("MUL_MAT activation row out of range"))
+    };
+    let dst_rows = part.rows();
+    let mut r = dst_rows.start;
+    while r < dst_rows.end {
+        let [_, i2, i3] = layout.row_index(r);
+        let matrix = (i2 / r2, i3 / r3);
+        let same = (0..KERNEL_ROWS).all(|n| {
+            r + n < dst_rows.end && {
+                let [_, j2, j3] = layout.row_index(r + n);
+                (j2 / r2, j3 / r3) == matrix
+            }
+        });
+        let n = if same {
+            let mut y = [activation(r)?; KERNEL_ROWS];
+            for (j, y) in y.iter_mut().enumerate().skip(1) {
+                *y = activation(r + j)?;
+            }
+            weights.tile_row(kind, y, cols.clone(), matrix, &mut scratch.out, width)?;
+            KERNEL_ROWS
+        } else {
+            weights.tile_row(
+                kind,
+                [activation(r)?],
+                cols.clone(),
+                matrix,
+                &mut scratch.out,
+                width,
+            )?;
+            1
+        };
+        for j in 0..n {
+            encode(
+                Scalar::F32,
+                &scratch.out[j * width..(j + 1) * width],
+                &mut scratch.bytes,
+            );
+            part.write(r + j, cols.start, &scratch.bytes)?;
+        }
+        r += n;
+    }
+    Ok(())
 }
 
 pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
@@ -310,7 +450,7 @@ pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return zeros(node, dst);
     }
     let weights = Weights::new(w);
-    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, None, &x)?;
     let ne11 = x.layout.ne[1];
     let cols = col_chunk(&weights);
     let parts = dst.split_grid(layout.rows(), cols);
