@@ -184,50 +184,7 @@ impl<'a> Weights<'a> {
                     *o = kernel(self.view.row([c, i2, i3]), y);
                 }
             }
-            Prepared::Tiles(rows) => {
-                let y = [rows
-                    .row(row)
-                    .ok_or_else(|| internal("MUL_MAT activation row out of range"))?];
-                self.tile_row(rows.kind(), y, cols, (i2, i3), out, out.len())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The tile kernels on weight rows `cols` of matrix `(i2, i3)` and the `RN` activation
-    /// rows `y`: row `j`'s results go to `out[j * width..][..cols.len()]`.
-    fn tile_row<const RN: usize>(
-        &self,
-        kind: quant::Q0,
-        y: [quant::Q8Row<'_>; RN],
-        cols: std::ops::Range<usize>,
-        (i2, i3): (usize, usize),
-        out: &mut [f32],
-        width: usize,
-    ) -> Result<()> {
-        let first = cols.start;
-        // The kernel's weight rows are a quarter of the range apart, so that each reads its
-        // own pages (hardware prefetchers follow one stream per page, not several
-        // interleaved ones).
-        let quarter = cols.len() / KERNEL_COLS;
-        for q in 0..quarter {
-            let w: [&[u8]; KERNEL_COLS] =
-                std::array::from_fn(|i| self.view.row([first + q + i * quarter, i2, i3]));
-            let mut o = [[0f32; RN]; KERNEL_COLS];
-            quant::dot_tile(kind, &w, &y, &mut o)?;
-            for (i, o) in o.iter().enumerate() {
-                for (j, &v) in o.iter().enumerate() {
-                    out[j * width + q + i * quarter] = v;
-                }
-            }
-        }
-        let c = first + quarter * KERNEL_COLS;
-        for c in c..cols.end {
-            let mut o = [[0f32; RN]; 1];
-            quant::dot_tile(kind, &[self.view.row([c, i2, i3])], &y, &mut o)?;
-            for (j, &v) in o[0].iter().enumerate() {
-                out[j * width + c - first] = v;
-            }
+            Prepared::Tiles(_) => return Err(internal("MUL_MAT tile rows outside tiled_part")),
         }
         Ok(())
     }
@@ -361,8 +318,8 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
 }
 
 /// A MUL_MAT tile with Q4_0 / Q8_0 weights: destination rows in groups of [`KERNEL_ROWS`]
-/// that share their weight matrix (the rest one by one), each group against the tile's
-/// weight rows through the tile kernels.
+/// that share their weight matrix (the rest one by one), each group against all the tile's
+/// weight rows in one call of the tile kernels.
 fn tiled_part(
     weights: &Weights<'_>,
     rows: &quant::Q8Rows,
@@ -382,11 +339,33 @@ fn tiled_part(
         rows.row(row)
             .ok_or_else(|| internal("MUL_MAT activation row out of range"))
     };
+    // The tile's weight rows in kernel order: groups of four rows a quarter of the tile
+    // apart, so that each reads its own pages (hardware prefetchers follow one stream per
+    // page, not several interleaved ones), then the rest; `order[n]` is the column of `w[n]`
+    // within the tile.
+    let quarter = width / KERNEL_COLS;
+    let order: Vec<usize> = (0..quarter)
+        .flat_map(|q| (0..KERNEL_COLS).map(move |i| q + i * quarter))
+        .chain(quarter * KERNEL_COLS..width)
+        .collect();
+    let mut w: Vec<&[u8]> = Vec::with_capacity(width);
+    let mut w_matrix = None;
+    let mut out3 = vec![[0f32; KERNEL_ROWS]; width];
+    let mut out1 = vec![[0f32; 1]; width];
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
     while r < dst_rows.end {
         let [_, i2, i3] = layout.row_index(r);
         let matrix = (i2 / r2, i3 / r3);
+        if w_matrix != Some(matrix) {
+            w.clear();
+            w.extend(
+                order
+                    .iter()
+                    .map(|&c| weights.view.row([cols.start + c, matrix.0, matrix.1])),
+            );
+            w_matrix = Some(matrix);
+        }
         let same = (0..KERNEL_ROWS).all(|n| {
             r + n < dst_rows.end && {
                 let [_, j2, j3] = layout.row_index(r + n);
@@ -398,17 +377,18 @@ fn tiled_part(
             for (j, y) in y.iter_mut().enumerate().skip(1) {
                 *y = activation(r + j)?;
             }
-            weights.tile_row(kind, y, cols.clone(), matrix, &mut scratch.out, width)?;
+            quant::dot_rows(kind, &w, &y, &mut out3)?;
+            for (&c, o) in order.iter().zip(&out3) {
+                for (j, &v) in o.iter().enumerate() {
+                    scratch.out[j * width + c] = v;
+                }
+            }
             KERNEL_ROWS
         } else {
-            weights.tile_row(
-                kind,
-                [activation(r)?],
-                cols.clone(),
-                matrix,
-                &mut scratch.out,
-                width,
-            )?;
+            quant::dot_rows(kind, &w, &[activation(r)?], &mut out1)?;
+            for (&c, o) in order.iter().zip(&out1) {
+                scratch.out[c] = o[0];
+            }
             1
         };
         for j in 0..n {

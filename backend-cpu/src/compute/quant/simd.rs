@@ -162,6 +162,63 @@ pub(super) fn dot_tile<const RM: usize, const RN: usize>(
     tiles::dot_tile_portable(kind, w, y, out);
 }
 
+/// [`dot_tile`] forced onto the AVX2 kernel (`vnni` false) or the AVX-VNNI one, for the
+/// throughput test; `None` where the CPU lacks the features.
+#[cfg(test)]
+pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
+    kind: Q0,
+    vnni: bool,
+    w: &[&[u8]; RM],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]; RM],
+) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() && (!vnni || x86::has_avx_vnni()) {
+            // SAFETY: the features were checked just above; the caller passes rows of equal
+            // blocks.
+            unsafe {
+                match (kind, vnni) {
+                    (Q0::Q4_0, false) => x86::dot_tile::<RM, RN, false, false>(w, y, out),
+                    (Q0::Q4_0, true) => x86::dot_tile::<RM, RN, false, true>(w, y, out),
+                    (Q0::Q8_0, false) => x86::dot_tile::<RM, RN, true, false>(w, y, out),
+                    (Q0::Q8_0, true) => x86::dot_tile::<RM, RN, true, true>(w, y, out),
+                }
+            }
+            return Some(());
+        }
+    }
+    None
+}
+
+/// [`tiles::dot_rows`] after its checks: one kernel choice for all the rows.
+pub(super) fn dot_rows<const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            let vnni = x86::has_avx_vnni();
+            // SAFETY: as in `dot_tile` (features checked here, lengths by `tiles::dot_rows`).
+            unsafe {
+                match (kind, vnni) {
+                    (Q0::Q4_0, false) => x86::dot_rows::<RN, false, false>(w, y, out),
+                    (Q0::Q4_0, true) => x86::dot_rows::<RN, false, true>(w, y, out),
+                    (Q0::Q8_0, false) => x86::dot_rows::<RN, true, false>(w, y, out),
+                    (Q0::Q8_0, true) => x86::dot_rows::<RN, true, true>(w, y, out),
+                }
+            }
+            return;
+        }
+    }
+    for (w, o) in w.iter().zip(out) {
+        tiles::dot_tile_portable(kind, &[*w], y, std::array::from_mut(o));
+    }
+}
+
 /// Every implementation of [`dot_tile`] this CPU can run, with its name (for the tests that
 /// check they agree bit for bit).
 #[cfg(test)]
@@ -718,12 +775,11 @@ mod x86 {
             }
         } else {
             // SAFETY: a Q4_0 block holds 16 bytes of nibbles after its 2-byte scale.
-            let qs = _mm_loadu_si128(xb.add(2).cast());
-            let mask = _mm_set1_epi8(0x0F);
-            _mm256_set_m128i(
-                _mm_and_si128(_mm_srli_epi16::<4>(qs), mask),
-                _mm_and_si128(qs, mask),
-            )
+            // the 16 bytes in both halves, the upper half shifted right by 4 bits, then the
+            // low nibble of every byte
+            let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb.add(2).cast()));
+            let shifted = _mm256_srlv_epi64(qs, _mm256_set_epi64x(4, 4, 0, 0));
+            _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
         }
     }
 
@@ -736,6 +792,7 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA and F16C, and AVX-VNNI if `VNNI`; every row of `w` must hold at least as
     /// many blocks as the rows of `y`, which must all have the same number.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_tile<
         const RM: usize,
@@ -750,12 +807,20 @@ mod x86 {
         let bb = if Q8 { Q8_0_BYTES } else { Q4_0_BYTES };
         let blocks = y.first().map_or(0, |r| r.blocks);
         let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-        if VNNI && RM == 4 && RN > 1 {
+        if VNNI && RM == 4 {
             // The scale products of a block step, four at a time: `dx` of the four weight
             // rows times each row's `dy` (the same f32 products as one by one).
             let mut scales = [[0f32; 4]; RN];
             for b in 0..blocks {
                 let xb: [*const u8; RM] = std::array::from_fn(|i| w[i].as_ptr().add(b * bb));
+                if RN == 1 {
+                    // One activation row: the weights stream from memory, several rows at a
+                    // time, which the hardware prefetchers follow badly. (A prefetch past the
+                    // end of the row is harmless: it does not fault.)
+                    for p in xb {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                    }
+                }
                 let halves = xb.map(|p| u64::from(u16::from_le_bytes([*p, *p.add(1)])));
                 let bits = halves[0] | halves[1] << 16 | halves[2] << 32 | halves[3] << 48;
                 let dx = _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64));
@@ -809,6 +874,29 @@ mod x86 {
             for (o, a) in o.iter_mut().zip(a) {
                 *o = hsum8(*a);
             }
+        }
+    }
+
+    /// `tiles::dot_rows`: [`dot_tile`] on groups of four consecutive rows of `w`, then on
+    /// the rest one by one.
+    ///
+    /// # Safety
+    /// As [`dot_tile`], for every row of `w`; `out` as long as `w`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows<const RN: usize, const Q8: bool, const VNNI: bool>(
+        w: &[&[u8]],
+        y: &[Q8Row<'_>; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let mut groups = w.chunks_exact(4);
+        let mut outs = out.chunks_exact_mut(4);
+        for (g, o) in (&mut groups).zip(&mut outs) {
+            if let (Some(g), Some(o)) = (g.first_chunk::<4>(), o.first_chunk_mut::<4>()) {
+                dot_tile::<4, RN, Q8, VNNI>(g, y, o);
+            }
+        }
+        for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
+            dot_tile::<1, RN, Q8, VNNI>(std::array::from_ref(g), y, std::array::from_mut(o));
         }
     }
 

@@ -200,6 +200,33 @@ pub fn row_dot_kernel(type_id: u32) -> Option<RowDot> {
     })
 }
 
+/// `out[n][j]` = the dot product of weight row `w[n]` (format `kind`) with activation row
+/// `y[j]`: [`dot_tile`] over `w` in groups of four consecutive rows (the rest one by one),
+/// with the checks and the kernel choice made once. The grouping does not change any result;
+/// a caller orders `w` to choose which rows the kernel reads together.
+pub fn dot_rows<const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]],
+) -> Result<()> {
+    let Some(first) = y.first() else {
+        return Ok(());
+    };
+    let blocks = first.blocks;
+    let ok_y = y
+        .iter()
+        .all(|r| r.blocks == blocks && r.bytes.len() == blocks * ROW_BLOCK_BYTES);
+    let ok_w = w.iter().all(|r| r.len() >= blocks * kind.block_bytes());
+    if !ok_y || !ok_w || out.len() != w.len() {
+        return Err(Error::Backend(
+            "tile kernels: rows of different lengths".into(),
+        ));
+    }
+    super::simd::dot_rows(kind, w, y, out);
+    Ok(())
+}
+
 /// The eight exact lane sums of weight block `xb` (format `kind`) with 32 quants `yq`.
 #[inline(always)]
 fn block_lanes(kind: Q0, xb: &[u8], yq: &[u8]) -> [i32; BLOCK_LANES] {
@@ -349,6 +376,34 @@ mod tests {
         }
     }
 
+    /// `dot_rows` (groups of four, then single rows) gives each row's `vec_dot`.
+    #[test]
+    fn dot_rows_matches_vec_dot_for_every_grouping() {
+        let mut rng = Rng(11);
+        for kind in [Q0::Q4_0, Q0::Q8_0] {
+            let blocks = 5;
+            let w: Vec<Vec<u8>> = (0..7)
+                .map(|_| rng.blocks(blocks, kind.block_bytes()))
+                .collect();
+            let y8 = rng.blocks(blocks * 3, Q8_0_BYTES);
+            let rows = Q8Rows::from_q8_0(kind, blocks * QK32, &y8).unwrap();
+            let wr: Vec<&[u8]> = w.iter().map(|r| &r[..]).collect();
+            let y: [Q8Row<'_>; 3] = std::array::from_fn(|j| rows.row(j).unwrap());
+            let mut out = vec![[0f32; 3]; 7];
+            dot_rows(kind, &wr, &y, &mut out).unwrap();
+            let mut one = vec![[0f32; 1]; 7];
+            dot_rows(kind, &wr, &[y[2]], &mut one).unwrap();
+            for (n, x) in wr.iter().enumerate() {
+                for (j, o) in out[n].iter().enumerate() {
+                    let yb = &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
+                    assert_eq!(o.to_bits(), vec_dot_portable(kind, x, yb).to_bits());
+                }
+                assert_eq!(one[n][0].to_bits(), out[n][2].to_bits());
+            }
+            assert!(dot_rows(kind, &wr, &y, &mut out[..6]).is_err());
+        }
+    }
+
     /// The lane definition is the plain dot product when nothing rounds.
     #[test]
     fn tile_kernels_compute_the_dot_product() {
@@ -446,6 +501,19 @@ mod throughput {
                     sink += o[0][0];
                 }
             });
+            let tile8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    dot_tile(kind, &wr, &[yr[0]], &mut o).unwrap();
+                    sink += o[0][0];
+                }
+            });
+            println!(
+                "{kind:?} one row: 8x1 {:.2} GB/s",
+                (rows * rb) as f64 / 1e9 / tile8
+            );
             let vd = best(&mut || {
                 for c in 0..rows {
                     sink += super::super::vec_dot(ty, k, row(c), &y8[..k / 32 * 34]).unwrap();
@@ -470,6 +538,22 @@ mod throughput {
                     }
                 }
             });
+            let pp2 = best(&mut || {
+                base = (base + 64) % rows;
+                for j in (0..63).step_by(3) {
+                    for c in (base..base + 32).step_by(4) {
+                        let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + i));
+                        let mut o = [[0f32; 3]; 4];
+                        let yy = [yr[j], yr[j + 1], yr[j + 2]];
+                        super::super::simd::dot_tile_variant(kind, false, &wr, &yy, &mut o);
+                        sink += o[0][0];
+                    }
+                }
+            });
+            println!(
+                "{kind:?} 63 rows: AVX2 tile 4x3 {:.2} GMAC/s",
+                (63 * 32 * k) as f64 / pp2 / 1e9
+            );
             println!(
                 "{kind:?} 63 rows: tile 4x3 {:.2} GMAC/s ({sink})",
                 (63 * 32 * k) as f64 / pp / 1e9
