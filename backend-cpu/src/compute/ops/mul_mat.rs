@@ -35,6 +35,9 @@ use super::{dot, reduce_lanes, widen_all, Node, LANES};
 /// Bytes of widened weights a tile aims for (fits in L2 next to the activations).
 const TILE_WEIGHT_BYTES: usize = 128 << 10;
 
+/// Bytes of weights a tile of the Q4_0 / Q8_0 tile kernels aims for.
+const TILE_KERNEL_BYTES: usize = 256 << 10;
+
 /// Activation rows per tile.
 const TILE_ROWS: usize = 64;
 
@@ -254,6 +257,19 @@ fn col_chunk(weights: &Weights<'_>) -> usize {
     (TILE_WEIGHT_BYTES / row.max(1)).clamp(4, 64)
 }
 
+/// Weight rows per tile for the Q4_0 / Q8_0 tile kernels: about [`TILE_KERNEL_BYTES`] of
+/// weights (they stay in L2 while the activation rows pass; wider tiles mean fewer, longer
+/// writes of the results), but with several threads at least four tiles per thread across
+/// the `n` columns.
+fn tile_col_chunk(weights: &Weights<'_>, n: usize, threads: usize) -> usize {
+    let by_cache = (TILE_KERNEL_BYTES / weights.view.layout.row_bytes().max(1)).clamp(4, 256);
+    if threads > 1 {
+        by_cache.min(n.div_ceil(4 * threads).max(16))
+    } else {
+        by_cache
+    }
+}
+
 /// Writes zeros everywhere (a product over an empty `k`).
 fn zeros(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let layout = *dst.layout();
@@ -284,7 +300,11 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         x.layout.ne[2] / w.layout.ne[2],
         x.layout.ne[3] / w.layout.ne[3],
     );
-    let cols = col_chunk(&weights);
+    let cols = if tiles.is_some() {
+        tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else {
+        col_chunk(&weights)
+    };
     let parts = dst.split_grid(TILE_ROWS, cols);
     node.pool
         .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {

@@ -376,6 +376,12 @@ mod x86 {
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(vx, vy));
             }
         }
+        if cx.remainder().is_empty() && cy.remainder().is_empty() {
+            // no tail: `finish_dot`'s pairwise reduction (lanes l += l + 16, l += l + 8, then
+            // within the eight) in registers
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            return hsum8(v);
+        }
         let mut lanes = [0f32; LANES];
         for (k, acc) in acc.iter().enumerate() {
             // SAFETY: lanes 8k..8k+8 of the 32-lane array; `storeu` needs no alignment.

@@ -404,6 +404,29 @@ mod tests {
         }
     }
 
+    /// The AVX2 F16 dot product reduces in registers when there is no tail: still the
+    /// portable bits.
+    #[test]
+    fn f16_dot_without_tail_matches_portable() {
+        let mut rng = Rng(5);
+        for len in [32usize, 64, 96, 256] {
+            let mut row = || -> Vec<u8> {
+                (0..len)
+                    .flat_map(|_| {
+                        let v = (rng.next() % 20001) as f32 / 1000.0 - 10.0;
+                        half::f16::from_f32(v).to_bits().to_le_bytes()
+                    })
+                    .collect()
+            };
+            let (x, y) = (row(), row());
+            assert_eq!(
+                simd::vec_dot_f16(&x, &y).to_bits(),
+                super::super::float::vec_dot_f16(&x, &y).to_bits(),
+                "{len}"
+            );
+        }
+    }
+
     /// The lane definition is the plain dot product when nothing rounds.
     #[test]
     fn tile_kernels_compute_the_dot_product() {
