@@ -228,16 +228,23 @@ fn dot4(w: &[f32], y: &[f32]) -> [f32; 4] {
 
 /// Per-thread buffers of the tile loops.
 #[derive(Default)]
-struct Scratch {
+struct Scratch<'w> {
     /// Widened float weights, `k` per weight row of the tile.
     tile: Vec<f32>,
     /// One output row segment.
     out: Vec<f32>,
     /// The same, encoded.
     bytes: Vec<u8>,
+    /// Tile kernels: the tile's weight rows in kernel order ...
+    rows: Vec<&'w [u8]>,
+    /// ... their columns within the tile ...
+    order: Vec<usize>,
+    /// ... and the results per weight row, for three activation rows or one.
+    out3: Vec<[f32; KERNEL_ROWS]>,
+    out1: Vec<[f32; 1]>,
 }
 
-impl Scratch {
+impl Scratch<'_> {
     /// Sizes the buffers for tiles `width` weight rows wide (`k` widened values each).
     fn size(&mut self, width: usize, k: usize) {
         self.tile.resize(width * k, 0.0);
@@ -340,13 +347,13 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
 /// A MUL_MAT tile with Q4_0 / Q8_0 weights: destination rows in groups of [`KERNEL_ROWS`]
 /// that share their weight matrix (the rest one by one), each group against all the tile's
 /// weight rows in one call of the tile kernels.
-fn tiled_part(
-    weights: &Weights<'_>,
+fn tiled_part<'w>(
+    weights: &Weights<'w>,
     rows: &quant::Q8Rows,
     x: &SrcView<'_>,
     (r2, r3): (usize, usize),
     layout: &Layout,
-    scratch: &mut Scratch,
+    scratch: &mut Scratch<'w>,
     part: &mut DstPart<'_>,
 ) -> Result<()> {
     let cols = part.cols();
@@ -361,17 +368,15 @@ fn tiled_part(
     };
     // The tile's weight rows in kernel order: groups of four rows a quarter of the tile
     // apart, so that each reads its own pages (hardware prefetchers follow one stream per
-    // page, not several interleaved ones), then the rest; `order[n]` is the column of `w[n]`
-    // within the tile.
+    // page, not several interleaved ones), then the rest; `order[n]` is the column of
+    // `rows[n]` within the tile.
     let quarter = width / KERNEL_COLS;
-    let order: Vec<usize> = (0..quarter)
-        .flat_map(|q| (0..KERNEL_COLS).map(move |i| q + i * quarter))
-        .chain(quarter * KERNEL_COLS..width)
-        .collect();
-    let mut w: Vec<&[u8]> = Vec::with_capacity(width);
+    let order = &mut scratch.order;
+    order.clear();
+    order.extend((0..quarter).flat_map(|q| (0..KERNEL_COLS).map(move |i| q + i * quarter)));
+    order.extend(quarter * KERNEL_COLS..width);
+    let w = &mut scratch.rows;
     let mut w_matrix = None;
-    let mut out3 = vec![[0f32; KERNEL_ROWS]; width];
-    let mut out1 = vec![[0f32; 1]; width];
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
     while r < dst_rows.end {
@@ -397,16 +402,20 @@ fn tiled_part(
             for (j, y) in y.iter_mut().enumerate().skip(1) {
                 *y = activation(r + j)?;
             }
-            quant::dot_rows(kind, &w, &y, &mut out3)?;
-            for (&c, o) in order.iter().zip(&out3) {
+            let out3 = &mut scratch.out3;
+            out3.resize(width, [0.0; KERNEL_ROWS]);
+            quant::dot_rows(kind, w, &y, out3)?;
+            for (&c, o) in order.iter().zip(out3.iter()) {
                 for (j, &v) in o.iter().enumerate() {
                     scratch.out[j * width + c] = v;
                 }
             }
             KERNEL_ROWS
         } else {
-            quant::dot_rows(kind, &w, &[activation(r)?], &mut out1)?;
-            for (&c, o) in order.iter().zip(&out1) {
+            let out1 = &mut scratch.out1;
+            out1.resize(width, [0.0]);
+            quant::dot_rows(kind, w, &[activation(r)?], out1)?;
+            for (&c, o) in order.iter().zip(out1.iter()) {
                 scratch.out[c] = o[0];
             }
             1
