@@ -183,8 +183,25 @@ impl<'a> Weights<'a> {
                 quant::vec_dot(type_id, k, self.view.row([first, i2, i3]), y)?;
                 let kernel = quant::row_dot_kernel(type_id)
                     .ok_or_else(|| internal("MUL_MAT weights without a dot product"))?;
-                for (o, c) in out.iter_mut().zip(cols) {
-                    *o = kernel(self.view.row([c, i2, i3]), y);
+                let end = cols.end;
+                let mut outs = out.iter_mut().zip(cols);
+                if type_id == ty::F16 {
+                    // two weight rows at a time (they share the work on `y`)
+                    while let (Some((o0, c0)), Some((o1, c1))) = (outs.next(), outs.next()) {
+                        let rows = [self.view.row([c0, i2, i3]), self.view.row([c1, i2, i3])];
+                        [*o0, *o1] = quant::dot_f16_x2(&rows, y)?;
+                    }
+                    // (an odd last row was taken by the first `next` and left unwritten)
+                    if out.len() % 2 == 1 {
+                        let c = end - 1;
+                        if let Some(o) = out.last_mut() {
+                            *o = kernel(self.view.row([c, i2, i3]), y);
+                        }
+                    }
+                } else {
+                    for (o, c) in outs {
+                        *o = kernel(self.view.row([c, i2, i3]), y);
+                    }
                 }
             }
             Prepared::Tiles(_) => return Err(internal("MUL_MAT tile rows outside tiled_part")),

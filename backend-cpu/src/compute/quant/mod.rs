@@ -44,7 +44,7 @@ mod tests;
 // Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
 mod tiles;
 
-pub use tiles::{dot_rows, row_dot_kernel, Q8Rows, Q0};
+pub use tiles::{dot_f16_x2, dot_rows, row_dot_kernel, Q8Rows, Q0};
 
 use proto_core::{Error, Result};
 

@@ -219,6 +219,20 @@ pub(super) fn dot_rows<const RN: usize>(
     }
 }
 
+/// [`vec_dot_f16`] of two rows with one, sharing the work on `y` where the rows have no
+/// tail (lengths checked by the caller: all equal).
+pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() && y.len() % (2 * float::LANES) == 0 {
+            // SAFETY: AVX2, FMA and F16C checked; the caller passes rows of `y`'s length,
+            // a multiple of 64 bytes (checked here).
+            return unsafe { x86::vec_dot_f16_x2(x, y) };
+        }
+    }
+    [vec_dot_f16(x[0], y), vec_dot_f16(x[1], y)]
+}
+
 /// Every implementation of [`dot_tile`] this CPU can run, with its name (for the tests that
 /// check they agree bit for bit).
 #[cfg(test)]
@@ -388,6 +402,36 @@ mod x86 {
             _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc);
         }
         finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16)
+    }
+
+    /// Two F16 rows times one: [`vec_dot_f16`] of each, sharing the conversions of `y`
+    /// (same lanes, same multiply-then-add, same reduction: the same bits).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `x[0]`, `x[1]` and `y` of one length, a multiple of 64 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
+        const STEP: usize = 2 * LANES;
+        let (a, b, yp) = (x[0].as_ptr(), x[1].as_ptr(), y.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        for s in 0..y.len() / STEP {
+            let [acc_a, acc_b] = &mut acc;
+            for (k, (ca, cb)) in acc_a.iter_mut().zip(acc_b.iter_mut()).enumerate() {
+                let at = STEP * s + 16 * k;
+                // SAFETY: `at + 16 <= y.len()`, the length of all three rows.
+                let vy = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(at).cast()));
+                let va = _mm256_cvtph_ps(_mm_loadu_si128(a.add(at).cast()));
+                let vb = _mm256_cvtph_ps(_mm_loadu_si128(b.add(at).cast()));
+                *ca = _mm256_add_ps(*ca, _mm256_mul_ps(va, vy));
+                *cb = _mm256_add_ps(*cb, _mm256_mul_ps(vb, vy));
+            }
+        }
+        acc.map(|a| {
+            hsum8(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[2]),
+                _mm256_add_ps(a[1], a[3]),
+            ))
+        })
     }
 
     /// The 32 bits of a Q5 block's `qh` as bytes: 16 where the element's bit is set, else 0

@@ -227,6 +227,15 @@ pub fn dot_rows<const RN: usize>(
     Ok(())
 }
 
+/// F16 rows `x[0]`, `x[1]` times F16 row `y` (all of one length): the two results of
+/// [`super::vec_dot`], computed together.
+pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
+    if x.iter().any(|r| r.len() != y.len()) || y.len() % 2 != 0 {
+        return Err(Error::Backend("F16 rows of different lengths".into()));
+    }
+    Ok(super::simd::vec_dot_f16_x2(x, y))
+}
+
 /// The eight exact lane sums of weight block `xb` (format `kind`) with 32 quants `yq`.
 #[inline(always)]
 fn block_lanes(kind: Q0, xb: &[u8], yq: &[u8]) -> [i32; BLOCK_LANES] {
@@ -425,6 +434,28 @@ mod tests {
                 "{len}"
             );
         }
+    }
+
+    /// The paired F16 dot product gives each row's own bits, tail or not.
+    #[test]
+    fn f16_pairs_match_single_rows() {
+        let mut rng = Rng(9);
+        for len in [0usize, 7, 32, 64, 100, 256] {
+            let mut row = || -> Vec<u8> {
+                (0..len)
+                    .flat_map(|_| {
+                        let v = (rng.next() % 20001) as f32 / 1000.0 - 10.0;
+                        half::f16::from_f32(v).to_bits().to_le_bytes()
+                    })
+                    .collect()
+            };
+            let (a, b, y) = (row(), row(), row());
+            let pair = dot_f16_x2(&[&a, &b], &y).unwrap();
+            let float = super::super::float::vec_dot_f16;
+            assert_eq!(pair[0].to_bits(), float(&a, &y).to_bits(), "{len}");
+            assert_eq!(pair[1].to_bits(), float(&b, &y).to_bits(), "{len}");
+        }
+        assert!(dot_f16_x2(&[&[0u8; 4], &[0u8; 2]], &[0u8; 4]).is_err());
     }
 
     /// The lane definition is the plain dot product when nothing rounds.
