@@ -438,12 +438,14 @@ fn tiled_part<'w>(
             1
         };
         for j in 0..n {
-            encode(
-                Scalar::F32,
-                &scratch.out[j * width..(j + 1) * width],
-                &mut scratch.bytes,
-            );
-            part.write(r + j, cols.start, &scratch.bytes)?;
+            let row = &scratch.out[j * width..(j + 1) * width];
+            if cfg!(target_endian = "little") {
+                // F32 little-endian is the values' own bytes
+                part.write(r + j, cols.start, bytemuck::cast_slice(row))?;
+            } else {
+                encode(Scalar::F32, row, &mut scratch.bytes);
+                part.write(r + j, cols.start, &scratch.bytes)?;
+            }
         }
         r += n;
     }
