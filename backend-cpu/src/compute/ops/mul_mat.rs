@@ -16,6 +16,16 @@
 //! rows pass). The tiling never splits a dot product, so the result does not depend on the
 //! thread count.
 //!
+//! Q4_0 and Q8_0 weights take the register-blocked tile kernels instead (`quant::dot_rows`,
+//! like llamafile's tinyBLAS in ggml-cpu): the activations are quantized to Q8_0 as above and
+//! laid out for the kernels (`quant::Q8Rows`), and each call computes three activation rows
+//! against all the weight rows of a tile (about 256 KiB of them), four weight rows at a
+//! time. Every output element is still one dot product over the whole `k` with one fixed
+//! summation order (`quant::tiles`), whatever the grouping, so results do not depend on the
+//! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
+//! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
+//! with the bits of `quant::vec_dot`.
+//!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
 //! ranges over all rows, grouped by expert inside a part so each expert's weights are widened

@@ -9,12 +9,18 @@
 //! order, the F16 one keeps the portable code's 32 f32 lanes (multiply, then add), so their
 //! results are bit-identical (the tests check it).
 //!
+//! The Q4_0 / Q8_0 tile kernels (`tiles`, MUL_MAT) have an AVX2 version and, where CPUID
+//! reports AVX-VNNI, one whose byte products are the VEX-encoded `vpdpbusd` (written as inline
+//! assembly: its intrinsics and target feature need a newer Rust than the crate's minimum).
+//! Both compute the exact lane sums of `tiles` and the same f32 steps, so every path gives
+//! the portable bits.
+//!
 //! No AVX-512 and no AMX: AMX instructions die with SIGILL on machines that advertise but do
 //! not enable them.
 //!
 //! `unsafe` is allowed here (`#[allow(unsafe_code)]` on the module, the crate denies it):
-//! calling `#[target_feature]` functions after the run-time check, and the intrinsics'
-//! unaligned loads and stores, each inside the arrays it is given.
+//! calling `#[target_feature]` functions after the run-time check, the intrinsics' unaligned
+//! loads and stores and the inline assembly's loads, each inside the arrays it is given.
 
 use super::tiles::{self, Q8Row, Q0};
 use super::{float, k_quants, q4, q5, q8};
