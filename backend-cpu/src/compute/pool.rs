@@ -77,6 +77,11 @@ impl Pool {
             .as_ref()
     }
 
+    /// The number of compute threads.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// How many of `units` (rows, usually) to put in one item when each unit costs about
     /// `cost` element-operations: everything in one item for small work or one thread,
     /// otherwise about [`ITEMS_PER_THREAD`] items per thread.

@@ -16,6 +16,16 @@
 //! rows pass). The tiling never splits a dot product, so the result does not depend on the
 //! thread count.
 //!
+//! Q4_0 and Q8_0 weights take the register-blocked tile kernels instead (`quant::dot_rows`,
+//! like llamafile's tinyBLAS in ggml-cpu): the activations are quantized to Q8_0 as above and
+//! laid out for the kernels (`quant::Q8Rows`), and each call computes three activation rows
+//! against all the weight rows of a tile (about 256 KiB of them), four weight rows at a
+//! time. Every output element is still one dot product over the whole `k` with one fixed
+//! summation order (`quant::tiles`), whatever the grouping, so results do not depend on the
+//! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
+//! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
+//! with the bits of `quant::vec_dot`.
+//!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
 //! ranges over all rows, grouped by expert inside a part so each expert's weights are widened
@@ -27,6 +37,7 @@ use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
+use crate::compute::view::Layout;
 use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
 
 use super::{dot, reduce_lanes, widen_all, Node, LANES};
@@ -34,8 +45,18 @@ use super::{dot, reduce_lanes, widen_all, Node, LANES};
 /// Bytes of widened weights a tile aims for (fits in L2 next to the activations).
 const TILE_WEIGHT_BYTES: usize = 128 << 10;
 
+/// Bytes of weights a tile of the Q4_0 / Q8_0 tile kernels aims for.
+const TILE_KERNEL_BYTES: usize = 256 << 10;
+
 /// Activation rows per tile.
 const TILE_ROWS: usize = 64;
+
+/// Weight rows per call of the Q4_0 / Q8_0 tile kernels (`quant::dot_tile`).
+const KERNEL_COLS: usize = 4;
+
+/// Activation rows per call of the Q4_0 / Q8_0 tile kernels: with [`KERNEL_COLS`], twelve
+/// accumulators, which with the operands fill the sixteen AVX2 vector registers.
+const KERNEL_ROWS: usize = 3;
 
 /// The activations, converted once per node.
 enum Prepared {
@@ -45,12 +66,21 @@ enum Prepared {
     /// Rows in the weights' `vec_dot_type`, `stride` bytes each: for `quant::vec_dot` on the
     /// weights' own bytes (quantized weights, and float weights with few activation rows).
     Bytes { stride: usize, bytes: Vec<u8> },
+    /// Q8_0 rows laid out for the tile kernels of Q4_0 / Q8_0 weights (MUL_MAT).
+    Tiles(quant::Q8Rows),
 }
 
 impl Prepared {
     /// Converts every row of `x` (in the order of `x.layout.row_index`), for `widen`ed float
-    /// weights of type `weight_type` or for `quant::vec_dot` with them.
-    fn new(node: &Node<'_>, weight_type: u32, widen: bool, x: &SrcView<'_>) -> Result<Prepared> {
+    /// weights of type `weight_type` or for `quant::vec_dot` with them; for the tile kernels
+    /// if `tiles` names their weight format.
+    fn new(
+        node: &Node<'_>,
+        weight_type: u32,
+        widen: bool,
+        tiles: Option<quant::Q0>,
+        x: &SrcView<'_>,
+    ) -> Result<Prepared> {
         let k = x.layout.ne[0];
         let rows = x.layout.rows();
         let chunk = node.pool.chunk(rows, k * 4);
@@ -81,6 +111,9 @@ impl Prepared {
             }
             Ok(())
         })?;
+        if let Some(kind) = tiles {
+            return Ok(Prepared::Tiles(quant::Q8Rows::from_q8_0(kind, k, &bytes)?));
+        }
         Ok(Prepared::Bytes { stride, bytes })
     }
 }
@@ -151,11 +184,37 @@ impl<'a> Weights<'a> {
             }
             Prepared::Bytes { stride, bytes } => {
                 let y = &bytes[row * stride..(row + 1) * stride];
-                for (o, c) in out.iter_mut().zip(cols) {
-                    *o =
-                        quant::vec_dot(self.view.layout.type_id, k, self.view.row([c, i2, i3]), y)?;
+                let type_id = self.view.layout.type_id;
+                // the checks of `quant::vec_dot` once for the row (every weight row has the
+                // same length), then its kernel per output element
+                let Some(first) = cols.clone().next() else {
+                    return Ok(());
+                };
+                quant::vec_dot(type_id, k, self.view.row([first, i2, i3]), y)?;
+                let kernel = quant::row_dot_kernel(type_id)
+                    .ok_or_else(|| internal("MUL_MAT weights without a dot product"))?;
+                let end = cols.end;
+                let mut outs = out.iter_mut().zip(cols);
+                if type_id == ty::F16 {
+                    // two weight rows at a time (they share the work on `y`)
+                    while let (Some((o0, c0)), Some((o1, c1))) = (outs.next(), outs.next()) {
+                        let rows = [self.view.row([c0, i2, i3]), self.view.row([c1, i2, i3])];
+                        [*o0, *o1] = quant::dot_f16_x2(&rows, y)?;
+                    }
+                    // (an odd last row was taken by the first `next` and left unwritten)
+                    if out.len() % 2 == 1 {
+                        let c = end - 1;
+                        if let Some(o) = out.last_mut() {
+                            *o = kernel(self.view.row([c, i2, i3]), y);
+                        }
+                    }
+                } else {
+                    for (o, c) in outs {
+                        *o = kernel(self.view.row([c, i2, i3]), y);
+                    }
                 }
             }
+            Prepared::Tiles(_) => return Err(internal("MUL_MAT tile rows outside tiled_part")),
         }
         Ok(())
     }
@@ -196,16 +255,23 @@ fn dot4(w: &[f32], y: &[f32]) -> [f32; 4] {
 
 /// Per-thread buffers of the tile loops.
 #[derive(Default)]
-struct Scratch {
+struct Scratch<'w> {
     /// Widened float weights, `k` per weight row of the tile.
     tile: Vec<f32>,
     /// One output row segment.
     out: Vec<f32>,
     /// The same, encoded.
     bytes: Vec<u8>,
+    /// Tile kernels: the tile's weight rows in kernel order ...
+    rows: Vec<&'w [u8]>,
+    /// ... their columns within the tile ...
+    order: Vec<usize>,
+    /// ... and the results per weight row, for three activation rows or one.
+    out3: Vec<[f32; KERNEL_ROWS]>,
+    out1: Vec<[f32; 1]>,
 }
 
-impl Scratch {
+impl Scratch<'_> {
     /// Sizes the buffers for tiles `width` weight rows wide (`k` widened values each).
     fn size(&mut self, width: usize, k: usize) {
         self.tile.resize(width * k, 0.0);
@@ -223,6 +289,19 @@ fn col_chunk(weights: &Weights<'_>) -> usize {
         weights.view.layout.row_bytes()
     };
     (TILE_WEIGHT_BYTES / row.max(1)).clamp(4, 64)
+}
+
+/// Weight rows per tile for the Q4_0 / Q8_0 tile kernels: about [`TILE_KERNEL_BYTES`] of
+/// weights (they stay in L2 while the activation rows pass; wider tiles mean fewer, longer
+/// writes of the results), but with several threads at least four tiles per thread across
+/// the `n` columns.
+fn tile_col_chunk(weights: &Weights<'_>, n: usize, threads: usize) -> usize {
+    let by_cache = (TILE_KERNEL_BYTES / weights.view.layout.row_bytes().max(1)).clamp(4, 256);
+    if threads > 1 {
+        by_cache.min(n.div_ceil(4 * threads).max(16))
+    } else {
+        by_cache
+    }
 }
 
 /// Writes zeros everywhere (a product over an empty `k`).
@@ -249,16 +328,24 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return zeros(node, dst);
     }
     let weights = Weights::new(w);
-    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
+    let tiles = quant::Q0::of(w.layout.type_id).filter(|_| !weights.widen);
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, tiles, &x)?;
     let (r2, r3) = (
         x.layout.ne[2] / w.layout.ne[2],
         x.layout.ne[3] / w.layout.ne[3],
     );
-    let cols = col_chunk(&weights);
+    let cols = if tiles.is_some() {
+        tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else {
+        col_chunk(&weights)
+    };
     let parts = dst.split_grid(TILE_ROWS, cols);
     node.pool
         .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
             let cols = part.cols();
+            if let Prepared::Tiles(rows) = &prepared {
+                return tiled_part(&weights, rows, &x, (r2, r3), &layout, scratch, &mut part);
+            }
             scratch.size(cols.len(), if weights.widen { k } else { 0 });
             let mut widened: Option<(usize, usize)> = None;
             for r in part.rows() {
@@ -282,6 +369,97 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
             }
             Ok(())
         })
+}
+
+/// A MUL_MAT tile with Q4_0 / Q8_0 weights: destination rows in groups of [`KERNEL_ROWS`]
+/// that share their weight matrix (the rest one by one), each group against all the tile's
+/// weight rows in one call of the tile kernels.
+fn tiled_part<'w>(
+    weights: &Weights<'w>,
+    rows: &quant::Q8Rows,
+    x: &SrcView<'_>,
+    (r2, r3): (usize, usize),
+    layout: &Layout,
+    scratch: &mut Scratch<'w>,
+    part: &mut DstPart<'_>,
+) -> Result<()> {
+    let cols = part.cols();
+    let width = cols.len();
+    scratch.out.resize(KERNEL_ROWS * width, 0.0);
+    scratch.bytes.resize(width * 4, 0);
+    let kind = rows.kind();
+    let activation = |r: usize| {
+        let row = x.layout.row_number(layout.row_index(r));
+        rows.row(row)
+            .ok_or_else(|| internal("MUL_MAT activation row out of range"))
+    };
+    // The tile's weight rows in kernel order: groups of four rows a quarter of the tile
+    // apart, so that each reads its own pages (hardware prefetchers follow one stream per
+    // page, not several interleaved ones), then the rest; `order[n]` is the column of
+    // `rows[n]` within the tile.
+    let quarter = width / KERNEL_COLS;
+    let order = &mut scratch.order;
+    order.clear();
+    order.extend((0..quarter).flat_map(|q| (0..KERNEL_COLS).map(move |i| q + i * quarter)));
+    order.extend(quarter * KERNEL_COLS..width);
+    let w = &mut scratch.rows;
+    let mut w_matrix = None;
+    let dst_rows = part.rows();
+    let mut r = dst_rows.start;
+    while r < dst_rows.end {
+        let [_, i2, i3] = layout.row_index(r);
+        let matrix = (i2 / r2, i3 / r3);
+        if w_matrix != Some(matrix) {
+            w.clear();
+            w.extend(
+                order
+                    .iter()
+                    .map(|&c| weights.view.row([cols.start + c, matrix.0, matrix.1])),
+            );
+            w_matrix = Some(matrix);
+        }
+        let same = (0..KERNEL_ROWS).all(|n| {
+            r + n < dst_rows.end && {
+                let [_, j2, j3] = layout.row_index(r + n);
+                (j2 / r2, j3 / r3) == matrix
+            }
+        });
+        let n = if same {
+            let mut y = [activation(r)?; KERNEL_ROWS];
+            for (j, y) in y.iter_mut().enumerate().skip(1) {
+                *y = activation(r + j)?;
+            }
+            let out3 = &mut scratch.out3;
+            out3.resize(width, [0.0; KERNEL_ROWS]);
+            quant::dot_rows(kind, w, &y, out3)?;
+            for (&c, o) in order.iter().zip(out3.iter()) {
+                for (j, &v) in o.iter().enumerate() {
+                    scratch.out[j * width + c] = v;
+                }
+            }
+            KERNEL_ROWS
+        } else {
+            let out1 = &mut scratch.out1;
+            out1.resize(width, [0.0]);
+            quant::dot_rows(kind, w, &[activation(r)?], out1)?;
+            for (&c, o) in order.iter().zip(out1.iter()) {
+                scratch.out[c] = o[0];
+            }
+            1
+        };
+        for j in 0..n {
+            let row = &scratch.out[j * width..(j + 1) * width];
+            if cfg!(target_endian = "little") {
+                // F32 little-endian is the values' own bytes
+                part.write(r + j, cols.start, bytemuck::cast_slice(row))?;
+            } else {
+                encode(Scalar::F32, row, &mut scratch.bytes);
+                part.write(r + j, cols.start, &scratch.bytes)?;
+            }
+        }
+        r += n;
+    }
+    Ok(())
 }
 
 pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
@@ -310,7 +488,7 @@ pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return zeros(node, dst);
     }
     let weights = Weights::new(w);
-    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, &x)?;
+    let prepared = Prepared::new(node, w.layout.type_id, weights.widen, None, &x)?;
     let ne11 = x.layout.ne[1];
     let cols = col_chunk(&weights);
     let parts = dst.split_grid(layout.rows(), cols);

@@ -55,6 +55,10 @@ mod simd;
 mod ternary;
 #[cfg(test)]
 mod tests;
+// Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
+mod tiles;
+
+pub use tiles::{dot_f16_x2, dot_rows, row_dot_kernel, Q8Rows, Q0};
 
 use proto_core::{Error, Result};
 

@@ -6,7 +6,7 @@
 //! ```
 //! Element `j < 16` is the low nibble of `qs[j]`, element `j + 16` its high nibble.
 
-use super::q8::{Q8_0_BYTES, Q8_1_BYTES};
+use super::q8::Q8_1_BYTES;
 use super::{fp16, fp16_bytes, QK32};
 
 /// Bytes of a `block_q4_0`.
@@ -104,41 +104,11 @@ pub(super) fn min_max(x: &[f32]) -> (f32, f32) {
     (min, max)
 }
 
-/// Integer part of one Q4_0 x Q8_0 block: `sum((q - 8) * y)`.
-#[inline(always)]
-pub(super) fn block_dot_q4_0(x: &[u8; Q4_0_BYTES], y: &[u8; Q8_0_BYTES]) -> i32 {
-    let mut sum0 = 0i32;
-    let mut sum1 = 0i32;
-    for j in 0..HALF {
-        let q = x[2 + j];
-        sum0 += (i32::from(q & 0x0F) - 8) * i32::from(y[2 + j] as i8);
-        sum1 += (i32::from(q >> 4) - 8) * i32::from(y[2 + HALF + j] as i8);
-    }
-    sum0 + sum1
-}
-
-/// `ggml_vec_dot_q4_0_q8_0_generic`: `sumf += sumi * dx * dy` block by block; `block_dot`
-/// computes `sumi` (the portable or the AVX2 one, both exact).
-#[inline(always)]
-pub(super) fn vec_dot_q4_0_q8_0_with(
-    x: &[u8],
-    y: &[u8],
-    block_dot: impl Fn(&[u8; Q4_0_BYTES], &[u8; Q8_0_BYTES]) -> i32,
-) -> f32 {
-    let mut sumf = 0f32;
-    for (xb, yb) in x.chunks_exact(Q4_0_BYTES).zip(y.chunks_exact(Q8_0_BYTES)) {
-        let (Some(xb), Some(yb)) = (xb.first_chunk(), yb.first_chunk()) else {
-            break;
-        };
-        let sumi = block_dot(xb, yb);
-        sumf += sumi as f32 * fp16(xb[0], xb[1]) * fp16(yb[0], yb[1]);
-    }
-    sumf
-}
-
+/// Q4_0 x Q8_0 row: eight exact lane sums per block, scaled by `dx * dy` into eight f32
+/// lanes (the definition shared by every Q4_0 kernel, see `tiles`).
 #[inline(always)]
 pub(super) fn vec_dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
-    vec_dot_q4_0_q8_0_with(x, y, block_dot_q4_0)
+    super::tiles::vec_dot_portable(super::tiles::Q0::Q4_0, x, y)
 }
 
 /// `ggml_vec_dot_q4_1_q8_1_generic`: `sumf += (dx * dy) * sumi + m * s`, with `s` the Q8_1

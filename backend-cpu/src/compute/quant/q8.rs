@@ -213,37 +213,11 @@ pub(super) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Integer part of one Q8_0 x Q8_0 block: `sum(x * y)`.
-#[inline(always)]
-pub(super) fn block_dot_q8_0(x: &[u8; Q8_0_BYTES], y: &[u8; Q8_0_BYTES]) -> i32 {
-    let mut sum = 0i32;
-    for j in 0..QK32 {
-        sum += i32::from(x[2 + j] as i8) * i32::from(y[2 + j] as i8);
-    }
-    sum
-}
-
-/// `ggml_vec_dot_q8_0_q8_0_generic`: `sumf += sumi * (dx * dy)`; `block_dot` computes `sumi`.
-#[inline(always)]
-pub(super) fn vec_dot_q8_0_q8_0_with(
-    x: &[u8],
-    y: &[u8],
-    block_dot: impl Fn(&[u8; Q8_0_BYTES], &[u8; Q8_0_BYTES]) -> i32,
-) -> f32 {
-    let mut sumf = 0f32;
-    for (xb, yb) in x.chunks_exact(Q8_0_BYTES).zip(y.chunks_exact(Q8_0_BYTES)) {
-        let (Some(xb), Some(yb)) = (xb.first_chunk(), yb.first_chunk()) else {
-            break;
-        };
-        let sumi = block_dot(xb, yb);
-        sumf += sumi as f32 * (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1]));
-    }
-    sumf
-}
-
+/// Q8_0 x Q8_0 row: eight exact lane sums per block, scaled by `dx * dy` into eight f32
+/// lanes (the definition shared by every Q8_0 kernel, see `tiles`).
 #[inline(always)]
 pub(super) fn vec_dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
-    vec_dot_q8_0_q8_0_with(x, y, block_dot_q8_0)
+    super::tiles::vec_dot_portable(super::tiles::Q0::Q8_0, x, y)
 }
 
 /// The parts of a `block_q8_K` the dot products need.

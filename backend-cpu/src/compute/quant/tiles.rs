@@ -1,0 +1,617 @@
+//! Q4_0 and Q8_0 weights times Q8_0 activations, several weight rows by several activation
+//! rows at a time (register blocking, as llamafile's tinyBLAS does for ggml-cpu).
+//!
+//! Every output element has one definition, whichever kernel (portable, AVX2, AVX-VNNI) and
+//! whichever tile shape computes it:
+//!
+//! * per block `b` the exact integer sums of eight lanes, lane `l` summing the products of
+//!   elements `4l..4l+4` (`(q - 8) * y` for Q4_0, `x * y` for Q8_0);
+//! * eight f32 accumulators, `acc[l] = fma(dx_b * dy_b, lane_l as f32, acc[l])` in block order
+//!   (`dx_b * dy_b` rounded to f32 once, the lane exact in f32);
+//! * the result `((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))`.
+//!
+//! This is the combination ggml's AVX2 code uses (`ggml_vec_dot_q8_0_q8_0` and tinyBLAS keep
+//! eight f32 lanes scaled by `dx * dy` per block and sum them at the end), so the results stay
+//! as close to ggml-cpu as the previous per-block scalar sum, and they do not depend on the
+//! tile shape or on the thread count.
+//!
+//! The kernels read the activations as [`Q8Rows`]: the quants, the scales widened to f32 and
+//! per lane a bias (`-8 * sum(y)` for Q4_0 weights, `-128 * sum(y)` for Q8_0 weights) that
+//! turns an unsigned-by-signed byte product sum into the signed one (module `simd`).
+
+use proto_core::{Error, Result};
+
+use super::q4::Q4_0_BYTES;
+use super::q8::Q8_0_BYTES;
+use super::{fp16, ty, QK32};
+
+/// Lanes of a block's integer sums (elements `4l..4l+4` in lane `l`).
+pub(super) const BLOCK_LANES: usize = 8;
+
+/// The weight formats of the tile kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q0 {
+    /// `block_q4_0`.
+    Q4_0,
+    /// `block_q8_0`.
+    Q8_0,
+}
+
+impl Q0 {
+    /// The tile-kernel format of weights of `type_id`, if they have one.
+    pub fn of(type_id: u32) -> Option<Q0> {
+        match type_id {
+            ty::Q4_0 => Some(Q0::Q4_0),
+            ty::Q8_0 => Some(Q0::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes per block of the weights.
+    pub(super) fn block_bytes(self) -> usize {
+        match self {
+            Q0::Q4_0 => Q4_0_BYTES,
+            Q0::Q8_0 => Q8_0_BYTES,
+        }
+    }
+
+    /// The offset the unsigned weight bytes of the SIMD kernels carry (`q` for Q4_0,
+    /// `x + 128` for Q8_0).
+    fn offset(self) -> i32 {
+        match self {
+            Q0::Q4_0 => 8,
+            Q0::Q8_0 => 128,
+        }
+    }
+}
+
+/// Bytes of a block of [`Q8Rows`]: the 32 quants, [`BLOCK_LANES`] i32 biases
+/// (`-offset * sum(y)` over each lane's four quants) and the scale as f32, repeated eight times
+/// (so that a kernel multiplies by it with one vector load), all little-endian.
+pub(super) const ROW_BLOCK_BYTES: usize = QK32 + 4 * BLOCK_LANES + 4 * BLOCK_LANES;
+/// Offset of the biases in a block of [`Q8Rows`].
+pub(super) const ROW_BIAS: usize = QK32;
+/// Offset of the scales in a block of [`Q8Rows`].
+pub(super) const ROW_SCALE: usize = QK32 + 4 * BLOCK_LANES;
+
+/// Q8_0 activation rows laid out for the tile kernels of one weight format: per block
+/// [`ROW_BLOCK_BYTES`] bytes, so that a kernel reads one stream per row.
+pub struct Q8Rows {
+    kind: Q0,
+    /// Blocks per row.
+    blocks: usize,
+    bytes: Vec<u8>,
+}
+
+/// One row of [`Q8Rows`]: `blocks` blocks of [`ROW_BLOCK_BYTES`].
+#[derive(Clone, Copy)]
+pub struct Q8Row<'a> {
+    pub(super) blocks: usize,
+    pub(super) bytes: &'a [u8],
+}
+
+impl Q8Rows {
+    /// Rows of `k` elements from `bytes`, consecutive Q8_0 rows (`k` a multiple of 32), for
+    /// weights of format `kind`.
+    pub fn from_q8_0(kind: Q0, k: usize, bytes: &[u8]) -> Result<Q8Rows> {
+        if k == 0 || k % QK32 != 0 {
+            return Err(Error::Backend(format!(
+                "tile kernels: rows of {k} elements are not whole blocks"
+            )));
+        }
+        let n = bytes.len() / Q8_0_BYTES;
+        let mut out = Vec::with_capacity(n * ROW_BLOCK_BYTES);
+        let offset = kind.offset();
+        for b in bytes.chunks_exact(Q8_0_BYTES) {
+            out.extend_from_slice(&b[2..]);
+            for q in b[2..].chunks_exact(4) {
+                let sum: i32 = q.iter().map(|&v| i32::from(v as i8)).sum();
+                out.extend_from_slice(&(-offset * sum).to_le_bytes());
+            }
+            let d = fp16(b[0], b[1]).to_le_bytes();
+            for _ in 0..BLOCK_LANES {
+                out.extend_from_slice(&d);
+            }
+        }
+        Ok(Q8Rows {
+            kind,
+            blocks: k / QK32,
+            bytes: out,
+        })
+    }
+
+    /// The weight format the rows were laid out for.
+    pub fn kind(&self) -> Q0 {
+        self.kind
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.bytes.len() / (self.blocks * ROW_BLOCK_BYTES)
+    }
+
+    /// Row `r`; `None` past the end.
+    pub fn row(&self, r: usize) -> Option<Q8Row<'_>> {
+        let size = self.blocks * ROW_BLOCK_BYTES;
+        Some(Q8Row {
+            blocks: self.blocks,
+            bytes: self.bytes.get(r * size..(r + 1) * size)?,
+        })
+    }
+}
+
+impl Q8Row<'_> {
+    /// Block `b`'s bytes.
+    fn block(&self, b: usize) -> &[u8] {
+        &self.bytes[b * ROW_BLOCK_BYTES..(b + 1) * ROW_BLOCK_BYTES]
+    }
+}
+
+/// `out[i][j]` = the dot product of weight row `w[i]` (format `rows.kind()`, at least one
+/// row of `rows` long) with activation row `y[j]`.
+pub fn dot_tile<const RM: usize, const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]; RM],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]; RM],
+) -> Result<()> {
+    let Some(first) = y.first() else {
+        return Ok(());
+    };
+    let blocks = first.blocks;
+    let ok_y = y
+        .iter()
+        .all(|r| r.blocks == blocks && r.bytes.len() == blocks * ROW_BLOCK_BYTES);
+    let ok_w = w.iter().all(|r| r.len() >= blocks * kind.block_bytes());
+    if !ok_y || !ok_w {
+        return Err(Error::Backend(
+            "tile kernels: rows of different lengths".into(),
+        ));
+    }
+    super::simd::dot_tile(kind, w, y, out);
+    Ok(())
+}
+
+/// A row dot product: weights, activations.
+pub type RowDot = fn(&[u8], &[u8]) -> f32;
+
+/// The kernel [`super::vec_dot`] runs for weights of `type_id`, without its per-call checks,
+/// for callers that check the lengths once for many rows: `x` must be exactly
+/// `row_size(type_id, n)` bytes and `y` exactly `row_size(vec_dot_type(type_id), n)` (the
+/// kernels read whole blocks as far as the shorter slice goes, so other lengths are safe but
+/// give other sums).
+pub fn row_dot_kernel(type_id: u32) -> Option<RowDot> {
+    use super::simd;
+    Some(match type_id {
+        ty::Q4_0 => simd::vec_dot_q4_0_q8_0,
+        ty::Q8_0 => simd::vec_dot_q8_0_q8_0,
+        ty::Q4_K => simd::vec_dot_q4_k_q8_k,
+        ty::Q5_K => simd::vec_dot_q5_k_q8_k,
+        ty::Q6_K => simd::vec_dot_q6_k_q8_k,
+        ty::F32 => simd::vec_dot_f32,
+        ty::F16 => simd::vec_dot_f16,
+        ty::BF16 => simd::vec_dot_bf16,
+        ty::Q4_1 => simd::vec_dot_q4_1_q8_1,
+        ty::Q5_0 => simd::vec_dot_q5_0_q8_0,
+        ty::Q5_1 => simd::vec_dot_q5_1_q8_1,
+        ty::Q2_K => simd::vec_dot_q2_k_q8_k,
+        ty::Q3_K => simd::vec_dot_q3_k_q8_k,
+        _ => return None,
+    })
+}
+
+/// `out[n][j]` = the dot product of weight row `w[n]` (format `kind`) with activation row
+/// `y[j]`: [`dot_tile`] over `w` in groups of four consecutive rows (the rest one by one),
+/// with the checks and the kernel choice made once. The grouping does not change any result;
+/// a caller orders `w` to choose which rows the kernel reads together.
+pub fn dot_rows<const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]],
+) -> Result<()> {
+    let Some(first) = y.first() else {
+        return Ok(());
+    };
+    let blocks = first.blocks;
+    let ok_y = y
+        .iter()
+        .all(|r| r.blocks == blocks && r.bytes.len() == blocks * ROW_BLOCK_BYTES);
+    let ok_w = w.iter().all(|r| r.len() >= blocks * kind.block_bytes());
+    if !ok_y || !ok_w || out.len() != w.len() {
+        return Err(Error::Backend(
+            "tile kernels: rows of different lengths".into(),
+        ));
+    }
+    super::simd::dot_rows(kind, w, y, out);
+    Ok(())
+}
+
+/// F16 rows `x[0]`, `x[1]` times F16 row `y` (all of one length): the two results of
+/// [`super::vec_dot`], computed together.
+pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
+    if x.iter().any(|r| r.len() != y.len()) || y.len() % 2 != 0 {
+        return Err(Error::Backend("F16 rows of different lengths".into()));
+    }
+    Ok(super::simd::vec_dot_f16_x2(x, y))
+}
+
+/// The eight exact lane sums of weight block `xb` (format `kind`) with 32 quants `yq`.
+#[inline(always)]
+fn block_lanes(kind: Q0, xb: &[u8], yq: &[u8]) -> [i32; BLOCK_LANES] {
+    let mut lanes = [0i32; BLOCK_LANES];
+    for (e, &y) in yq.iter().enumerate().take(QK32) {
+        let x = match kind {
+            Q0::Q4_0 => {
+                let byte = xb[2 + e % 16];
+                i32::from(if e < 16 { byte & 0x0F } else { byte >> 4 }) - 8
+            }
+            Q0::Q8_0 => i32::from(xb[2 + e] as i8),
+        };
+        lanes[e / 4] += x * i32::from(y as i8);
+    }
+    lanes
+}
+
+/// `acc[l] = fma(d, lanes[l], acc[l])`.
+#[inline(always)]
+fn accumulate(acc: &mut [f32; BLOCK_LANES], d: f32, lanes: [i32; BLOCK_LANES]) {
+    for (a, s) in acc.iter_mut().zip(lanes) {
+        *a = d.mul_add(s as f32, *a);
+    }
+}
+
+/// The final sum of the eight accumulators (the order of an AVX horizontal sum: halves,
+/// then pairs, then the two).
+#[inline(always)]
+pub(super) fn hsum8(a: [f32; BLOCK_LANES]) -> f32 {
+    let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// Portable [`dot_tile`] (lengths checked by the caller).
+pub(super) fn dot_tile_portable<const RM: usize, const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]; RM],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]; RM],
+) {
+    let bb = kind.block_bytes();
+    for (wi, oi) in w.iter().zip(out.iter_mut()) {
+        for (yj, o) in y.iter().zip(oi.iter_mut()) {
+            let mut acc = [0f32; BLOCK_LANES];
+            for b in 0..yj.blocks {
+                let xb = &wi[b * bb..(b + 1) * bb];
+                let yb = yj.block(b);
+                let s = &yb[ROW_SCALE..ROW_SCALE + 4];
+                let dy = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                let lanes = block_lanes(kind, xb, &yb[..QK32]);
+                accumulate(&mut acc, fp16(xb[0], xb[1]) * dy, lanes);
+            }
+            *o = hsum8(acc);
+        }
+    }
+}
+
+/// Portable dot product of a weight row `x` (format `kind`) with a Q8_0 row `y`, whole blocks.
+#[inline(always)]
+pub(super) fn vec_dot_portable(kind: Q0, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = [0f32; BLOCK_LANES];
+    for (xb, yb) in x
+        .chunks_exact(kind.block_bytes())
+        .zip(y.chunks_exact(Q8_0_BYTES))
+    {
+        let lanes = block_lanes(kind, xb, &yb[2..]);
+        accumulate(&mut acc, fp16(xb[0], xb[1]) * fp16(yb[0], yb[1]), lanes);
+    }
+    hsum8(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{fp16_bytes, simd};
+    use super::*;
+
+    /// xorshift64*: reproducible bytes without a dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        /// Random blocks of `bytes` bytes whose first two bytes are a finite f16 scale.
+        fn blocks(&mut self, n: usize, bytes: usize) -> Vec<u8> {
+            let mut v: Vec<u8> = (0..n * bytes).map(|_| self.next() as u8).collect();
+            for b in v.chunks_exact_mut(bytes) {
+                let scale = (self.next() % 2001) as f32 / 1000.0 - 1.0;
+                b[..2].copy_from_slice(&fp16_bytes(scale));
+            }
+            v
+        }
+    }
+
+    /// Every implementation of an `RM x RN` tile equals the portable and the dispatched
+    /// `vec_dot` of each pair, bit for bit (random quants, -128 included).
+    fn check<const RM: usize, const RN: usize>(rng: &mut Rng, kind: Q0, blocks: usize) {
+        let w: Vec<Vec<u8>> = (0..RM)
+            .map(|_| rng.blocks(blocks, kind.block_bytes()))
+            .collect();
+        let y8 = rng.blocks(blocks * RN, Q8_0_BYTES);
+        let rows = Q8Rows::from_q8_0(kind, blocks * QK32, &y8).unwrap();
+        assert_eq!(rows.rows(), RN);
+        let wr: [&[u8]; RM] = std::array::from_fn(|i| &w[i][..]);
+        let yr: [Q8Row<'_>; RN] = std::array::from_fn(|j| rows.row(j).unwrap());
+        let ybytes = |j: usize| &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
+        for (name, out) in simd::dot_tile_all(kind, &wr, &yr) {
+            for (i, (o, x)) in out.iter().zip(wr).enumerate() {
+                for (j, o) in o.iter().enumerate() {
+                    let portable = vec_dot_portable(kind, x, ybytes(j));
+                    let dispatched = match kind {
+                        Q0::Q4_0 => simd::vec_dot_q4_0_q8_0(x, ybytes(j)),
+                        Q0::Q8_0 => simd::vec_dot_q8_0_q8_0(x, ybytes(j)),
+                    };
+                    assert_eq!(portable.to_bits(), dispatched.to_bits(), "{kind:?} vec_dot");
+                    assert_eq!(
+                        o.to_bits(),
+                        portable.to_bits(),
+                        "{kind:?} {name} {RM}x{RN} ({i}, {j}), {blocks} blocks"
+                    );
+                }
+            }
+        }
+        let mut out = [[0f32; RN]; RM];
+        dot_tile(kind, &wr, &yr, &mut out).unwrap();
+        for (o, x) in out.iter().zip(wr) {
+            for (j, o) in o.iter().enumerate() {
+                assert_eq!(o.to_bits(), vec_dot_portable(kind, x, ybytes(j)).to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn tile_kernels_match_vec_dot_bit_for_bit() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for kind in [Q0::Q4_0, Q0::Q8_0] {
+            for blocks in [1, 2, 3, 7, 24] {
+                check::<4, 3>(&mut rng, kind, blocks);
+                check::<4, 1>(&mut rng, kind, blocks);
+                check::<1, 3>(&mut rng, kind, blocks);
+                check::<1, 1>(&mut rng, kind, blocks);
+            }
+        }
+    }
+
+    /// `dot_rows` (groups of four, then single rows) gives each row's `vec_dot`.
+    #[test]
+    fn dot_rows_matches_vec_dot_for_every_grouping() {
+        let mut rng = Rng(11);
+        for kind in [Q0::Q4_0, Q0::Q8_0] {
+            let blocks = 5;
+            let w: Vec<Vec<u8>> = (0..7)
+                .map(|_| rng.blocks(blocks, kind.block_bytes()))
+                .collect();
+            let y8 = rng.blocks(blocks * 3, Q8_0_BYTES);
+            let rows = Q8Rows::from_q8_0(kind, blocks * QK32, &y8).unwrap();
+            let wr: Vec<&[u8]> = w.iter().map(|r| &r[..]).collect();
+            let y: [Q8Row<'_>; 3] = std::array::from_fn(|j| rows.row(j).unwrap());
+            let mut out = vec![[0f32; 3]; 7];
+            dot_rows(kind, &wr, &y, &mut out).unwrap();
+            let mut one = vec![[0f32; 1]; 7];
+            dot_rows(kind, &wr, &[y[2]], &mut one).unwrap();
+            for (n, x) in wr.iter().enumerate() {
+                for (j, o) in out[n].iter().enumerate() {
+                    let yb = &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
+                    assert_eq!(o.to_bits(), vec_dot_portable(kind, x, yb).to_bits());
+                }
+                assert_eq!(one[n][0].to_bits(), out[n][2].to_bits());
+            }
+            assert!(dot_rows(kind, &wr, &y, &mut out[..6]).is_err());
+        }
+    }
+
+    /// The AVX2 F16 dot product reduces in registers when there is no tail: still the
+    /// portable bits.
+    #[test]
+    fn f16_dot_without_tail_matches_portable() {
+        let mut rng = Rng(5);
+        for len in [32usize, 64, 96, 256] {
+            let mut row = || -> Vec<u8> {
+                (0..len)
+                    .flat_map(|_| {
+                        let v = (rng.next() % 20001) as f32 / 1000.0 - 10.0;
+                        half::f16::from_f32(v).to_bits().to_le_bytes()
+                    })
+                    .collect()
+            };
+            let (x, y) = (row(), row());
+            assert_eq!(
+                simd::vec_dot_f16(&x, &y).to_bits(),
+                super::super::float::vec_dot_f16(&x, &y).to_bits(),
+                "{len}"
+            );
+        }
+    }
+
+    /// The paired F16 dot product gives each row's own bits, tail or not.
+    #[test]
+    fn f16_pairs_match_single_rows() {
+        let mut rng = Rng(9);
+        for len in [0usize, 7, 32, 64, 100, 256] {
+            let mut row = || -> Vec<u8> {
+                (0..len)
+                    .flat_map(|_| {
+                        let v = (rng.next() % 20001) as f32 / 1000.0 - 10.0;
+                        half::f16::from_f32(v).to_bits().to_le_bytes()
+                    })
+                    .collect()
+            };
+            let (a, b, y) = (row(), row(), row());
+            let pair = dot_f16_x2(&[&a, &b], &y).unwrap();
+            let float = super::super::float::vec_dot_f16;
+            assert_eq!(pair[0].to_bits(), float(&a, &y).to_bits(), "{len}");
+            assert_eq!(pair[1].to_bits(), float(&b, &y).to_bits(), "{len}");
+        }
+        assert!(dot_f16_x2(&[&[0u8; 4], &[0u8; 2]], &[0u8; 4]).is_err());
+    }
+
+    /// The lane definition is the plain dot product when nothing rounds.
+    #[test]
+    fn tile_kernels_compute_the_dot_product() {
+        let mut rng = Rng(7);
+        for kind in [Q0::Q4_0, Q0::Q8_0] {
+            let mut x = rng.blocks(4, kind.block_bytes());
+            let mut y = rng.blocks(4, Q8_0_BYTES);
+            for b in x.chunks_exact_mut(kind.block_bytes()) {
+                b[..2].copy_from_slice(&fp16_bytes(0.5));
+            }
+            for b in y.chunks_exact_mut(Q8_0_BYTES) {
+                b[..2].copy_from_slice(&fp16_bytes(0.25));
+            }
+            let mut want = 0i64;
+            for (xb, yb) in x
+                .chunks_exact(kind.block_bytes())
+                .zip(y.chunks_exact(Q8_0_BYTES))
+            {
+                let lanes = block_lanes(kind, xb, &yb[2..]);
+                want += lanes.iter().map(|&l| i64::from(l)).sum::<i64>();
+            }
+            let got = vec_dot_portable(kind, &x, &y);
+            assert_eq!(got, want as f32 * 0.125);
+        }
+    }
+
+    #[test]
+    fn short_rows_are_refused() {
+        let y = Rng(3).blocks(2, Q8_0_BYTES);
+        let rows = Q8Rows::from_q8_0(Q0::Q4_0, 64, &y).unwrap();
+        let w = [0u8; Q4_0_BYTES];
+        let mut out = [[0f32; 1]; 1];
+        assert!(dot_tile(Q0::Q4_0, &[&w[..]], &[rows.row(0).unwrap()], &mut out).is_err());
+        assert!(Q8Rows::from_q8_0(Q0::Q4_0, 33, &y).is_err());
+    }
+}
+
+/// Rough throughput of the tile kernels against row-by-row `vec_dot`:
+/// `cargo test --release -p backend-cpu tile_throughput -- --ignored --nocapture`.
+#[cfg(test)]
+mod throughput {
+    use super::*;
+    use std::time::Instant;
+
+    fn bytes(n: usize, seed: &mut u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (*seed >> 33) as u8 & 0x3f
+            })
+            .collect()
+    }
+
+    #[test]
+    #[ignore]
+    fn tile_throughput() {
+        let k = 768;
+        let rows = 8192 * 10;
+        let mut seed = 1u64;
+        for (kind, ty) in [(Q0::Q8_0, ty::Q8_0), (Q0::Q4_0, ty::Q4_0)] {
+            let rb = k / 32 * kind.block_bytes();
+            let w = bytes(rows * rb, &mut seed);
+            let y8 = bytes(64 * k / 32 * 34, &mut seed);
+            let y = Q8Rows::from_q8_0(kind, k, &y8).unwrap();
+            let yr: Vec<Q8Row<'_>> = (0..64).map(|r| y.row(r).unwrap()).collect();
+            let row = |c: usize| &w[c * rb..(c + 1) * rb];
+            let mut sink = 0f32;
+            // the best of several trials (the machine is shared)
+            let best = |f: &mut dyn FnMut()| {
+                (0..15)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min)
+            };
+            let tile = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    for i in 0..4 {
+                        let mut o = [[0f32; 1]; 1];
+                        dot_tile(kind, &[row(c + i)], &[yr[0]], &mut o).unwrap();
+                        sink += o[0][0];
+                    }
+                }
+            });
+            let tile4 = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    let c = c / 64 * 64 + (c % 64) / 4;
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + 16 * i));
+                    let mut o = [[0f32; 1]; 4];
+                    dot_tile(kind, &wr, &[yr[0]], &mut o).unwrap();
+                    sink += o[0][0];
+                }
+            });
+            let tile8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    dot_tile(kind, &wr, &[yr[0]], &mut o).unwrap();
+                    sink += o[0][0];
+                }
+            });
+            println!(
+                "{kind:?} one row: 8x1 {:.2} GB/s",
+                (rows * rb) as f64 / 1e9 / tile8
+            );
+            let vd = best(&mut || {
+                for c in 0..rows {
+                    sink += super::super::vec_dot(ty, k, row(c), &y8[..k / 32 * 34]).unwrap();
+                }
+            });
+            let gb = (rows * rb) as f64 / 1e9;
+            println!(
+                "{kind:?} one row: tile 1x1 {:.2} GB/s, 4x1 {:.2} GB/s, vec_dot {:.2} GB/s",
+                gb / tile,
+                gb / tile4,
+                gb / vd
+            );
+            let mut base = 0;
+            let pp = best(&mut || {
+                base = (base + 64) % rows;
+                for j in (0..63).step_by(3) {
+                    for c in (base..base + 32).step_by(4) {
+                        let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + i));
+                        let mut o = [[0f32; 3]; 4];
+                        dot_tile(kind, &wr, &[yr[j], yr[j + 1], yr[j + 2]], &mut o).unwrap();
+                        sink += o[0][0];
+                    }
+                }
+            });
+            let pp2 = best(&mut || {
+                base = (base + 64) % rows;
+                for j in (0..63).step_by(3) {
+                    for c in (base..base + 32).step_by(4) {
+                        let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + i));
+                        let mut o = [[0f32; 3]; 4];
+                        let yy = [yr[j], yr[j + 1], yr[j + 2]];
+                        super::super::simd::dot_tile_variant(kind, false, &wr, &yy, &mut o);
+                        sink += o[0][0];
+                    }
+                }
+            });
+            println!(
+                "{kind:?} 63 rows: AVX2 tile 4x3 {:.2} GMAC/s",
+                (63 * 32 * k) as f64 / pp2 / 1e9
+            );
+            println!(
+                "{kind:?} 63 rows: tile 4x3 {:.2} GMAC/s ({sink})",
+                (63 * 32 * k) as f64 / pp / 1e9
+            );
+        }
+    }
+}
