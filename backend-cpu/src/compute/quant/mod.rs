@@ -58,7 +58,7 @@ mod tests;
 // Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
 mod tiles;
 
-pub use tiles::{dot_f16_x2, dot_rows, row_dot_kernel, Q8Rows, Q0};
+pub use tiles::{dot_f16_x2, dot_rows, Q8Rows, Q0};
 
 use proto_core::{Error, Result};
 
@@ -387,37 +387,49 @@ pub fn vec_dot(type_id: u32, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let x_bytes = checked_len(type_id, n, x.len(), "vec_dot: x")?;
     let y_bytes = checked_len(y_type, n, y.len(), "vec_dot: y")?;
     let (x, y) = (&x[..x_bytes], &y[..y_bytes]);
-    Ok(match type_id {
-        ty::Q4_0 => simd::vec_dot_q4_0_q8_0(x, y),
-        ty::Q8_0 => simd::vec_dot_q8_0_q8_0(x, y),
-        ty::Q4_K => simd::vec_dot_q4_k_q8_k(x, y),
-        ty::Q5_K => simd::vec_dot_q5_k_q8_k(x, y),
-        ty::Q6_K => simd::vec_dot_q6_k_q8_k(x, y),
-        ty::F32 => simd::vec_dot_f32(x, y),
-        ty::F16 => simd::vec_dot_f16(x, y),
-        ty::BF16 => simd::vec_dot_bf16(x, y),
-        ty::Q4_1 => simd::vec_dot_q4_1_q8_1(x, y),
-        ty::Q5_0 => simd::vec_dot_q5_0_q8_0(x, y),
-        ty::Q5_1 => simd::vec_dot_q5_1_q8_1(x, y),
-        ty::Q2_K => simd::vec_dot_q2_k_q8_k(x, y),
-        ty::Q3_K => simd::vec_dot_q3_k_q8_k(x, y),
-        ty::IQ4_NL => iq4_nl::vec_dot_iq4_nl_q8_0(x, y),
-        ty::IQ4_XS => iq4_xs::vec_dot_iq4_xs_q8_k(x, y),
-        ty::MXFP4 => fp4::vec_dot_mxfp4_q8_0(x, y),
-        ty::NVFP4 => fp4::vec_dot_nvfp4_q8_0(x, y),
-        ty::TQ1_0 => ternary::vec_dot_tq1_0_q8_k(x, y),
-        ty::TQ2_0 => ternary::vec_dot_tq2_0_q8_k(x, y),
-        ty::Q1_0 => q1_q2::vec_dot_q1_0_q8_0(x, y),
-        ty::Q2_0 => q1_q2::vec_dot_q2_0_q8_0(x, y),
-        ty::IQ2_XXS => iq2::vec_dot_iq2_xxs_q8_k(x, y),
-        ty::IQ2_XS => iq2::vec_dot_iq2_xs_q8_k(x, y),
-        ty::IQ2_S => iq2::vec_dot_iq2_s_q8_k(x, y),
-        ty::IQ3_XXS => iq3::vec_dot_iq3_xxs_q8_k(x, y),
-        ty::IQ3_S => iq3::vec_dot_iq3_s_q8_k(x, y),
-        ty::IQ1_S => iq1::vec_dot_iq1_s_q8_k(x, y),
-        ty::IQ1_M => iq1::vec_dot_iq1_m_q8_k(x, y),
-        // supports() admitted only the types handled above
-        _ => 0.0,
+    let kernel = row_dot_kernel(type_id).ok_or_else(|| unsupported(type_id))?;
+    Ok(kernel(x, y))
+}
+
+/// A row dot product: weights, activations.
+pub type RowDot = fn(&[u8], &[u8]) -> f32;
+
+/// The kernel [`vec_dot`] runs for weights of `type_id`, without its per-call checks, for
+/// callers that check the lengths once for many rows: `x` must be exactly
+/// `row_size(type_id, n)` bytes and `y` exactly `row_size(vec_dot_type(type_id), n)` (the
+/// kernels read whole blocks as far as the shorter slice goes, so other lengths are safe but
+/// give other sums). `None` for types without a dot product. The one table of dot kernels.
+pub fn row_dot_kernel(type_id: u32) -> Option<RowDot> {
+    Some(match type_id {
+        ty::Q4_0 => simd::vec_dot_q4_0_q8_0,
+        ty::Q8_0 => simd::vec_dot_q8_0_q8_0,
+        ty::Q4_K => simd::vec_dot_q4_k_q8_k,
+        ty::Q5_K => simd::vec_dot_q5_k_q8_k,
+        ty::Q6_K => simd::vec_dot_q6_k_q8_k,
+        ty::F32 => simd::vec_dot_f32,
+        ty::F16 => simd::vec_dot_f16,
+        ty::BF16 => simd::vec_dot_bf16,
+        ty::Q4_1 => simd::vec_dot_q4_1_q8_1,
+        ty::Q5_0 => simd::vec_dot_q5_0_q8_0,
+        ty::Q5_1 => simd::vec_dot_q5_1_q8_1,
+        ty::Q2_K => simd::vec_dot_q2_k_q8_k,
+        ty::Q3_K => simd::vec_dot_q3_k_q8_k,
+        ty::IQ4_NL => iq4_nl::vec_dot_iq4_nl_q8_0,
+        ty::IQ4_XS => iq4_xs::vec_dot_iq4_xs_q8_k,
+        ty::MXFP4 => fp4::vec_dot_mxfp4_q8_0,
+        ty::NVFP4 => fp4::vec_dot_nvfp4_q8_0,
+        ty::TQ1_0 => ternary::vec_dot_tq1_0_q8_k,
+        ty::TQ2_0 => ternary::vec_dot_tq2_0_q8_k,
+        ty::Q1_0 => q1_q2::vec_dot_q1_0_q8_0,
+        ty::Q2_0 => q1_q2::vec_dot_q2_0_q8_0,
+        ty::IQ2_XXS => iq2::vec_dot_iq2_xxs_q8_k,
+        ty::IQ2_XS => iq2::vec_dot_iq2_xs_q8_k,
+        ty::IQ2_S => iq2::vec_dot_iq2_s_q8_k,
+        ty::IQ3_XXS => iq3::vec_dot_iq3_xxs_q8_k,
+        ty::IQ3_S => iq3::vec_dot_iq3_s_q8_k,
+        ty::IQ1_S => iq1::vec_dot_iq1_s_q8_k,
+        ty::IQ1_M => iq1::vec_dot_iq1_m_q8_k,
+        _ => return None,
     })
 }
 

@@ -2016,3 +2016,17 @@ fn quant_grid_formats_take_arbitrary_input() {
         assert!(vec_dot(t, block, &vec![0u8; bytes - 1], &[0u8; 292]).is_err());
     }
 }
+
+#[test]
+fn every_type_with_a_vec_dot_type_has_a_row_dot_kernel() {
+    // MUL_MAT picks its kernel from `row_dot_kernel`: a format registered elsewhere but
+    // missing there would be refused at compute time.
+    for type_id in 0..64u32 {
+        if vec_dot_type(type_id).is_some() && supports(type_id) {
+            assert!(
+                row_dot_kernel(type_id).is_some(),
+                "type {type_id} has a vec_dot_type but no dot kernel"
+            );
+        }
+    }
+}

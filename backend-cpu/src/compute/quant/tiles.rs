@@ -172,34 +172,6 @@ pub fn dot_tile<const RM: usize, const RN: usize>(
     Ok(())
 }
 
-/// A row dot product: weights, activations.
-pub type RowDot = fn(&[u8], &[u8]) -> f32;
-
-/// The kernel [`super::vec_dot`] runs for weights of `type_id`, without its per-call checks,
-/// for callers that check the lengths once for many rows: `x` must be exactly
-/// `row_size(type_id, n)` bytes and `y` exactly `row_size(vec_dot_type(type_id), n)` (the
-/// kernels read whole blocks as far as the shorter slice goes, so other lengths are safe but
-/// give other sums).
-pub fn row_dot_kernel(type_id: u32) -> Option<RowDot> {
-    use super::simd;
-    Some(match type_id {
-        ty::Q4_0 => simd::vec_dot_q4_0_q8_0,
-        ty::Q8_0 => simd::vec_dot_q8_0_q8_0,
-        ty::Q4_K => simd::vec_dot_q4_k_q8_k,
-        ty::Q5_K => simd::vec_dot_q5_k_q8_k,
-        ty::Q6_K => simd::vec_dot_q6_k_q8_k,
-        ty::F32 => simd::vec_dot_f32,
-        ty::F16 => simd::vec_dot_f16,
-        ty::BF16 => simd::vec_dot_bf16,
-        ty::Q4_1 => simd::vec_dot_q4_1_q8_1,
-        ty::Q5_0 => simd::vec_dot_q5_0_q8_0,
-        ty::Q5_1 => simd::vec_dot_q5_1_q8_1,
-        ty::Q2_K => simd::vec_dot_q2_k_q8_k,
-        ty::Q3_K => simd::vec_dot_q3_k_q8_k,
-        _ => return None,
-    })
-}
-
 /// `out[n][j]` = the dot product of weight row `w[n]` (format `kind`) with activation row
 /// `y[j]`: [`dot_tile`] over `w` in groups of four consecutive rows (the rest one by one),
 /// with the checks and the kernel choice made once. The grouping does not change any result;
