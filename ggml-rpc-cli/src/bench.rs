@@ -159,7 +159,7 @@ fn bench_tensor(size: u64) -> anyhow::Result<RpcTensor> {
         ([ne0, 1, 1, 1], [1, ne0, ne0, ne0])
     } else {
         ensure!(
-            size % WIDE_ROW == 0,
+            size.is_multiple_of(WIDE_ROW),
             "sizes of 4 GiB and more must be a multiple of 1 MiB"
         );
         let rows = u32::try_from(size / WIDE_ROW).context("--size too large")?;

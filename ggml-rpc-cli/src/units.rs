@@ -40,7 +40,7 @@ pub fn format_bytes(n: u64) -> String {
     ];
     for (name, scale) in UNITS {
         if n >= scale {
-            return if n % scale == 0 {
+            return if n.is_multiple_of(scale) {
                 format!("{} {name}", n / scale)
             } else {
                 format!("{:.1} {name}", n as f64 / scale as f64)

@@ -14,7 +14,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// Decodes hex (either case, no separators). Errors name the first bad position.
 pub fn decode(text: &str) -> Result<Vec<u8>, String> {
     let digits = text.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("odd number of hex digits ({})", digits.len()));
     }
     digits

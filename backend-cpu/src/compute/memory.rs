@@ -190,7 +190,7 @@ fn invalid(what: &str) -> Error {
 /// tensor's first byte: `Σ (n_d - 1) · nb_d + type_size`, with `n_0` counted in blocks. `None`
 /// on overflow, on an empty or misaligned shape, or on a zero-sized type.
 fn extent(layout: &Layout) -> Option<usize> {
-    if layout.block == 0 || layout.type_size == 0 || layout.ne[0] % layout.block != 0 {
+    if layout.block == 0 || layout.type_size == 0 || !layout.ne[0].is_multiple_of(layout.block) {
         return None;
     }
     let mut last = 0usize;
@@ -349,8 +349,8 @@ impl DstPart<'_> {
         let l = &self.layout;
         let units = len / l.type_size;
         let fits = self.rows.contains(&row)
-            && col % l.block == 0
-            && len % l.type_size == 0
+            && col.is_multiple_of(l.block)
+            && len.is_multiple_of(l.type_size)
             && col >= self.cols.start
             && units
                 .checked_mul(l.block)

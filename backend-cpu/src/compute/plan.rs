@@ -746,7 +746,7 @@ impl Checker<'_> {
 
     /// ggml_can_repeat(small, big): every dimension of `big` a multiple of `small`'s.
     fn repeats(&self, small: &Layout, big: &Layout, what: &str) -> Result<()> {
-        let ok = (0..4).all(|d| small.ne[d] > 0 && big.ne[d] % small.ne[d] == 0);
+        let ok = (0..4).all(|d| small.ne[d] > 0 && big.ne[d].is_multiple_of(small.ne[d]));
         if ok {
             Ok(())
         } else {
@@ -898,7 +898,7 @@ impl Checker<'_> {
             return Err(self.refuse("weights of this type are not supported"));
         };
         let block = type_info(vdt).map_or(0, |i| i.block_size as usize);
-        if block == 0 || k % block != 0 {
+        if block == 0 || !k.is_multiple_of(block) {
             return Err(self.bad(format!(
                 "ne[0] = {k} is not a multiple of the activation block"
             )));
@@ -990,7 +990,7 @@ impl Checker<'_> {
             _ => return Err(self.refuse("unknown rope mode")),
         };
         let ne0 = a.ne[0];
-        if params.n_dims % 2 != 0 || params.n_dims > ne0 {
+        if !params.n_dims.is_multiple_of(2) || params.n_dims > ne0 {
             return Err(self.bad(format!("n_dims = {} with ne[0] = {ne0}", params.n_dims)));
         }
         if params.mode == VISION && params.n_dims * 2 != ne0 {
@@ -999,10 +999,10 @@ impl Checker<'_> {
         // The rotated window `n_offs..n_offs + n_dims` must lie inside the row, start on a
         // pair, and vision mode (which rotates the whole row) takes none.
         let n_offs = params.n_offs;
-        if n_offs % 2 != 0
+        if !n_offs.is_multiple_of(2)
             || n_offs
                 .checked_add(params.n_dims)
-                .map_or(true, |end| end > ne0)
+                .is_none_or(|end| end > ne0)
             || (params.mode == VISION && n_offs != 0)
         {
             return Err(self.bad(format!(

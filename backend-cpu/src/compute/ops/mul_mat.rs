@@ -191,8 +191,12 @@ impl<'a> Weights<'a> {
                     return Ok(());
                 };
                 quant::vec_dot(type_id, k, self.view.row([first, i2, i3]), y)?;
-                let kernel = quant::row_dot_kernel(type_id)
-                    .ok_or_else(|| internal("MUL_MAT weights without a dot product"))?;
+                // the checked `quant::vec_dot` per element for types without a bare kernel
+                let kernel = quant::row_dot_kernel(type_id);
+                let dot = |x: &[u8]| match kernel {
+                    Some(kernel) => Ok(kernel(x, y)),
+                    None => quant::vec_dot(type_id, k, x, y),
+                };
                 let end = cols.end;
                 let mut outs = out.iter_mut().zip(cols);
                 if type_id == ty::F16 {
@@ -205,12 +209,12 @@ impl<'a> Weights<'a> {
                     if out.len() % 2 == 1 {
                         let c = end - 1;
                         if let Some(o) = out.last_mut() {
-                            *o = kernel(self.view.row([c, i2, i3]), y);
+                            *o = dot(self.view.row([c, i2, i3]))?;
                         }
                     }
                 } else {
                     for (o, c) in outs {
-                        *o = kernel(self.view.row([c, i2, i3]), y);
+                        *o = dot(self.view.row([c, i2, i3]))?;
                     }
                 }
             }

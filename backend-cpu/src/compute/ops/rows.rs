@@ -99,7 +99,7 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let parts = dst.split_rows(chunk);
     node.pool.run(parts, &|mut part: DstPart<'_>| {
         let rows = part.rows();
-        if rows.start % ne1 != 0 || rows.end % ne1 != 0 {
+        if !rows.start.is_multiple_of(ne1) || !rows.end.is_multiple_of(ne1) {
             return Err(internal("SET_ROWS part not made of whole planes"));
         }
         let mut values = vec![0.0f32; al.ne[0]];

@@ -172,7 +172,7 @@ pub fn block_layout(type_id: u32) -> Option<(usize, usize)> {
 /// types and for `n` not a multiple of the block size.
 pub fn row_size(type_id: u32, n: usize) -> Option<usize> {
     let (block, bytes) = block_layout(type_id)?;
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return None;
     }
     (n / block).checked_mul(bytes)

@@ -15,8 +15,11 @@
 //! Both compute the exact lane sums of `tiles` and the same f32 steps, so every path gives
 //! the portable bits.
 //!
-//! No AVX-512 and no AMX: AMX instructions die with SIGILL on machines that advertise but do
-//! not enable them.
+//! Where the CPU has AVX-512 F/BW/VL/VNNI, the tiles with an even number of weight rows and
+//! more than one activation row (prompt processing) take a 512-bit kernel instead: two weight
+//! rows per zmm, each half exactly the AVX-VNNI kernel's accumulator, so the same bits again.
+//!
+//! No AMX: AMX instructions die with SIGILL on machines that advertise but do not enable them.
 //!
 //! `unsafe` is allowed here (`#[allow(unsafe_code)]` on the module, the crate denies it):
 //! calling `#[target_feature]` functions after the run-time check, the intrinsics' unaligned
@@ -138,7 +141,8 @@ avx2_or_portable! {
     vec_dot_q6_k_q8_k => x86::vec_dot_q6_k_q8_k, k_quants::vec_dot_q6_k_q8_k;
 }
 
-/// [`tiles::dot_tile`] after its length checks: the AVX-VNNI kernel where the CPU has
+/// [`tiles::dot_tile`] after its length checks: the AVX-512 VNNI kernel for even `RM` and
+/// `RN > 1` where the CPU has AVX-512 VNNI, else the AVX-VNNI kernel where the CPU has
 /// AVX-VNNI, else the AVX2 one, else the portable one (all give the same bits).
 pub(super) fn dot_tile<const RM: usize, const RN: usize>(
     kind: Q0,
@@ -148,6 +152,18 @@ pub(super) fn dot_tile<const RM: usize, const RN: usize>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if RM.is_multiple_of(2) && RN > 1 && x86::has_avx512_vnni() {
+            // SAFETY: `has_avx512_vnni` checked AVX-512 F/BW/VL/VNNI besides AVX2, FMA and
+            // F16C, the features the kernel is compiled for; `tiles::dot_tile` checked the
+            // lengths; RM is even.
+            unsafe {
+                match kind {
+                    Q0::Q4_0 => x86::dot_tile_zmm::<RM, RN, false>(w, y, out),
+                    Q0::Q8_0 => x86::dot_tile_zmm::<RM, RN, true>(w, y, out),
+                }
+            }
+            return;
+        }
         if x86::has_avx2() {
             let vnni = x86::has_avx_vnni();
             // SAFETY: `has_avx2` checked that this CPU supports AVX2, FMA and F16C, the
@@ -206,6 +222,17 @@ pub(super) fn dot_rows<const RN: usize>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if RN > 1 && x86::has_avx512_vnni() {
+            // SAFETY: as in `dot_tile` (AVX-512 VNNI and the rest checked by
+            // `has_avx512_vnni`, lengths by `tiles::dot_rows`).
+            unsafe {
+                match kind {
+                    Q0::Q4_0 => x86::dot_rows_zmm::<RN, false>(w, y, out),
+                    Q0::Q8_0 => x86::dot_rows_zmm::<RN, true>(w, y, out),
+                }
+            }
+            return;
+        }
         if x86::has_avx2() {
             let vnni = x86::has_avx_vnni();
             // SAFETY: as in `dot_tile` (features checked here, lengths by `tiles::dot_rows`).
@@ -230,7 +257,7 @@ pub(super) fn dot_rows<const RN: usize>(
 pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
     #[cfg(target_arch = "x86_64")]
     {
-        if x86::has_avx2() && y.len() % (2 * float::LANES) == 0 {
+        if x86::has_avx2() && y.len().is_multiple_of(2 * float::LANES) {
             // SAFETY: AVX2, FMA and F16C checked; the caller passes rows of `y`'s length,
             // a multiple of 64 bytes (checked here).
             return unsafe { x86::vec_dot_f16_x2(x, y) };
@@ -272,6 +299,16 @@ pub(super) fn dot_tile_all<const RM: usize, const RN: usize>(
                 }
             }
             all.push(("avx-vnni", out));
+        }
+        if RM.is_multiple_of(2) && x86::has_avx512_vnni() {
+            // SAFETY: as in `dot_tile` (AVX-512 VNNI checked; RM even).
+            unsafe {
+                match kind {
+                    Q0::Q4_0 => x86::dot_tile_zmm::<RM, RN, false>(w, y, &mut out),
+                    Q0::Q8_0 => x86::dot_tile_zmm::<RM, RN, true>(w, y, &mut out),
+                }
+            }
+            all.push(("avx512-vnni", out));
         }
     }
     all
@@ -953,6 +990,119 @@ mod x86 {
         }
         for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
             dot_tile::<1, RN, Q8, VNNI>(std::array::from_ref(g), y, std::array::from_mut(o));
+        }
+    }
+
+    /// 0: not probed yet, 1: no AVX-512 VNNI, 2: yes.
+    static ZMM: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether the CPU has AVX-512 F, BW, VL and VNNI (the EVEX `vpdpbusd` on zmm) besides
+    /// AVX2+FMA+F16C (probed once; the macro also checks that the OS saves zmm state).
+    pub(super) fn has_avx512_vnni() -> bool {
+        match ZMM.load(Ordering::Relaxed) {
+            0 => {
+                let yes = has_avx2()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni");
+                ZMM.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+                yes
+            }
+            state => state == 2,
+        }
+    }
+
+    /// `tiles::dot_tile` with 512-bit VNNI, `RM` even: weight rows `2p` and `2p + 1` share
+    /// each zmm, row `2p` in the low 256 bits, so that one `vpdpbusd` computes the exact lane
+    /// sums of two weight rows with one activation row (broadcast to both halves, its bias
+    /// likewise the start of both), and one `fma` steps both accumulators with
+    /// `dx * dy` of each row (the same f32 product as the other kernels). Each half is the
+    /// AVX-VNNI kernel's accumulator, so the results are the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C ([`has_avx512_vnni`]); `RM` even; every row
+    /// of `w` must hold at least as many blocks as the rows of `y`, which must all have the
+    /// same number.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_tile_zmm<const RM: usize, const RN: usize, const Q8: bool>(
+        w: &[&[u8]; RM],
+        y: &[Q8Row<'_>; RN],
+        out: &mut [[f32; RN]; RM],
+    ) {
+        let bb = if Q8 { Q8_0_BYTES } else { Q4_0_BYTES };
+        let blocks = y.first().map_or(0, |r| r.blocks);
+        // only the first RM / 2 rows are used
+        let mut acc = [[_mm512_setzero_ps(); RN]; RM];
+        for b in 0..blocks {
+            for p in 0..RM / 2 {
+                // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
+                let x0 = w[2 * p].as_ptr().add(b * bb);
+                let x1 = w[2 * p + 1].as_ptr().add(b * bb);
+                if RN == 1 {
+                    // As in `dot_tile`: the weights stream (a prefetch does not fault).
+                    _mm_prefetch::<_MM_HINT_T0>(x0.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(x1.wrapping_add(PREFETCH).cast());
+                }
+                let q = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(weight_quants::<Q8, true>(x0)),
+                    weight_quants::<Q8, true>(x1),
+                );
+                let dx = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_castps_si256(_mm256_set1_ps(half_at(x0)))),
+                    _mm256_castps_si256(_mm256_set1_ps(half_at(x1))),
+                ));
+                for j in 0..RN {
+                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES:
+                    // 32 quants, 8 biases and 8 copies of the scale.
+                    let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
+                    let yq = _mm512_broadcast_i64x4(_mm256_loadu_si256(yb.cast()));
+                    let bias = _mm512_broadcast_i64x4(_mm256_loadu_si256(yb.add(ROW_BIAS).cast()));
+                    let dy = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        yb.add(ROW_SCALE).cast(),
+                    )));
+                    let lanes = _mm512_dpbusd_epi32(bias, q, yq);
+                    let d = _mm512_mul_ps(dx, dy);
+                    acc[p][j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[p][j]);
+                }
+            }
+        }
+        for p in 0..RM / 2 {
+            for j in 0..RN {
+                let a = _mm512_castps_si512(acc[p][j]);
+                out[2 * p][j] = hsum8(_mm256_castsi256_ps(_mm512_castsi512_si256(a)));
+                out[2 * p + 1][j] = hsum8(_mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(a)));
+            }
+        }
+    }
+
+    /// `tiles::dot_rows` with [`dot_tile_zmm`] on groups of four consecutive rows of `w`,
+    /// then the AVX-VNNI (or AVX2) [`dot_tile`] on the rest one by one.
+    ///
+    /// # Safety
+    /// As [`dot_tile_zmm`], for every row of `w`; `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_rows_zmm<const RN: usize, const Q8: bool>(
+        w: &[&[u8]],
+        y: &[Q8Row<'_>; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let mut groups = w.chunks_exact(4);
+        let mut outs = out.chunks_exact_mut(4);
+        for (g, o) in (&mut groups).zip(&mut outs) {
+            if let (Some(g), Some(o)) = (g.first_chunk::<4>(), o.first_chunk_mut::<4>()) {
+                dot_tile_zmm::<4, RN, Q8>(g, y, o);
+            }
+        }
+        let vnni = has_avx_vnni();
+        for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
+            let (g, o) = (std::array::from_ref(g), std::array::from_mut(o));
+            if vnni {
+                dot_tile::<1, RN, Q8, true>(g, y, o);
+            } else {
+                dot_tile::<1, RN, Q8, false>(g, y, o);
+            }
         }
     }
 

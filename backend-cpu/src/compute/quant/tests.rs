@@ -309,7 +309,7 @@ fn quant_dequantize_q5_known_answers() {
         } else {
             15 - (e as i32 - 16)
         };
-        nib + if e % 2 == 0 { 16 } else { 0 }
+        nib + if e.is_multiple_of(2) { 16 } else { 0 }
     };
 
     let mut b = f16_bits(2.0).to_vec();

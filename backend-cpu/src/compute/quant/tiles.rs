@@ -1,8 +1,8 @@
 //! Q4_0 and Q8_0 weights times Q8_0 activations, several weight rows by several activation
 //! rows at a time (register blocking, as llamafile's tinyBLAS does for ggml-cpu).
 //!
-//! Every output element has one definition, whichever kernel (portable, AVX2, AVX-VNNI) and
-//! whichever tile shape computes it:
+//! Every output element has one definition, whichever kernel (portable, AVX2, AVX-VNNI,
+//! AVX-512 VNNI) and whichever tile shape computes it:
 //!
 //! * per block `b` the exact integer sums of eight lanes, lane `l` summing the products of
 //!   elements `4l..4l+4` (`(q - 8) * y` for Q4_0, `x * y` for Q8_0);
@@ -94,7 +94,7 @@ impl Q8Rows {
     /// Rows of `k` elements from `bytes`, consecutive Q8_0 rows (`k` a multiple of 32), for
     /// weights of format `kind`.
     pub fn from_q8_0(kind: Q0, k: usize, bytes: &[u8]) -> Result<Q8Rows> {
-        if k == 0 || k % QK32 != 0 {
+        if k == 0 || !k.is_multiple_of(QK32) {
             return Err(Error::Backend(format!(
                 "tile kernels: rows of {k} elements are not whole blocks"
             )));
@@ -202,7 +202,7 @@ pub fn dot_rows<const RN: usize>(
 /// F16 rows `x[0]`, `x[1]` times F16 row `y` (all of one length): the two results of
 /// [`super::vec_dot`], computed together.
 pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
-    if x.iter().any(|r| r.len() != y.len()) || y.len() % 2 != 0 {
+    if x.iter().any(|r| r.len() != y.len()) || !y.len().is_multiple_of(2) {
         return Err(Error::Backend("F16 rows of different lengths".into()));
     }
     Ok(super::simd::vec_dot_f16_x2(x, y))
