@@ -300,12 +300,14 @@ mod tests {
         }
     }
 
+    /// Bit-identical results; where both are NaN, any NaN (when both addends are NaNs, which
+    /// payload a sum keeps depends on the operand order the CPU's add instruction sees).
     fn same_bits(got: &[f32], want: &[f32]) -> bool {
         got.len() == want.len()
             && got
                 .iter()
                 .zip(want)
-                .all(|(g, w)| g.to_bits() == w.to_bits())
+                .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))
     }
 
     /// Runs both ranks and checks each result against the direct computation.
