@@ -22,7 +22,6 @@
 //! * **tiles** (ggml's path for F32 Q, F32/F16 K and V of one type and at least 64 queries):
 //!   all in f32 with K and V widened to f32, the exponential sum in f64.
 
-use proto_core::ggml::type_info;
 use proto_core::ggml::types::id as ty;
 use proto_core::{Error, Result};
 
@@ -222,8 +221,15 @@ impl OneRow<'_> {
         let (dk, dv) = (self.q.layout.ne[0], self.v.layout.ne[0]);
         let n_kv = self.k.layout.ne[1];
         let n_head = self.q.layout.ne[2];
-        let info = type_info(self.vdt).ok_or(Error::InvalidType { type_id: self.vdt })?;
-        let q_bytes = dk / info.block_size as usize * info.type_size as usize;
+        let invalid = |type_id| Error::InvalidType { type_id };
+        let k_type = self.k.layout.type_id;
+        let q_bytes = quant::row_size(self.vdt, dk).ok_or(invalid(self.vdt))?;
+        // One score per key: the kernel runs without `quant::vec_dot`'s per-call checks, so the
+        // lengths (every K row has the same) are checked once here.
+        let kq_dot = quant::row_dot_kernel(k_type).ok_or(invalid(k_type))?;
+        if n_kv > 0 {
+            quant::vec_dot(k_type, dk, self.k.row([0, 0, 0]), &vec![0u8; q_bytes])?;
+        }
         let v_f16 = self.v.layout.type_id == ty::F16 && self.v.layout.dense_rows();
         let chunk = node.pool.chunk(layout.rows(), n_kv * (dk + dv));
         let parts = dst.split_rows(chunk);
@@ -255,12 +261,7 @@ impl OneRow<'_> {
                     if mv == f32::NEG_INFINITY {
                         continue;
                     }
-                    let kq = quant::vec_dot(
-                        self.k.layout.type_id,
-                        dk,
-                        self.k.row([c, ik2, ik3]),
-                        &qconv,
-                    )?;
+                    let kq = kq_dot(self.k.row([c, ik2, ik3]), &qconv);
                     let s = if self.softcap != 0.0 {
                         self.softcap.mul_add((kq * self.scale).tanh(), mv)
                     } else {
