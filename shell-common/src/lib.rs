@@ -6,11 +6,14 @@
 //!   dispatcher settings of one connection).
 //! * [`heavy`]: [`is_heavy`], the shells' rule for work that must not stall other clients.
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
+//! * [`direct`]: what a non-blocking socket call on lent backend memory came to (the
+//!   zero-copy tensor data path).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cache_dir;
 pub mod config;
+pub mod direct;
 pub mod heavy;
 
 pub use cache_dir::FsTensorCache;
@@ -18,4 +21,5 @@ pub use config::{
     ConnectionConfig, ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS,
     DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
 };
+pub use direct::Direct;
 pub use heavy::{is_heavy, HEAVY_BYTES};

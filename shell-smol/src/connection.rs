@@ -31,7 +31,8 @@ use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
 use proto_core::session::ServerSession;
 use proto_core::wire::CommInitRequest;
 
-use shell_common::is_heavy;
+use shell_common::direct::{self, record};
+use shell_common::{is_heavy, Direct};
 
 use crate::comm_link::CommLink;
 
@@ -341,16 +342,6 @@ async fn send_reply(
     Ok(())
 }
 
-/// How a direct transfer between the socket and backend memory went.
-enum Direct {
-    /// Some bytes moved.
-    Moved,
-    /// The peer closed its side.
-    Eof,
-    /// Not possible now: take the buffered path.
-    Declined,
-}
-
 /// Receives the next part of the streamed write straight into backend memory.
 async fn receive_direct(
     stream: &Async<TcpStream>,
@@ -359,24 +350,13 @@ async fn receive_direct(
     loop {
         stream.readable().await?;
         let mut outcome = None;
-        let placed = core
+        let lent = core
             .dispatcher
             .receive_in_place(&mut core.session, &mut |dst| {
-                let result = stream.get_ref().read(dst);
-                let n = *result.as_ref().unwrap_or(&0);
-                outcome = Some(result);
-                n
+                record(stream.get_ref().read(dst), &mut outcome)
             })?;
-        match (placed, outcome) {
-            (None, _) | (_, None) => return Ok(Direct::Declined),
-            (Some(_), Some(Ok(0))) => return Ok(Direct::Eof),
-            (Some(_), Some(Ok(_))) => return Ok(Direct::Moved),
-            (Some(_), Some(Err(error)))
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) => {}
-            (Some(_), Some(Err(error))) => return Err(error.into()),
+        if let Some(direct) = direct::received(lent, outcome)? {
+            return Ok(direct);
         }
     }
 }
@@ -390,32 +370,14 @@ async fn send_direct(
 ) -> Result<Direct, ConnectionError> {
     while reply.remaining() > 0 {
         stream.writable().await?;
-        let mut failure = None;
-        let sent =
-            core.dispatcher
-                .send_in_place(reply, &mut core.session, &mut |src| match stream
-                    .get_ref()
-                    .write(src)
-                {
-                    Ok(n) => n,
-                    Err(error) => {
-                        failure = Some(error);
-                        0
-                    }
-                })?;
-        if sent.is_none() {
+        let mut outcome = None;
+        let lent = core
+            .dispatcher
+            .send_in_place(reply, &mut core.session, &mut |src| {
+                record(stream.get_ref().write(src), &mut outcome)
+            })?;
+        if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
             return Ok(Direct::Declined);
-        }
-        match failure {
-            Some(error)
-                if !matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                return Err(error.into())
-            }
-            _ => {}
         }
     }
     Ok(Direct::Moved)

@@ -43,7 +43,8 @@ use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
-use shell_common::is_heavy;
+use shell_common::direct::{self, record};
+use shell_common::{is_heavy, Direct};
 
 use crate::comm_link::CommLink;
 
@@ -116,17 +117,7 @@ impl DirectIo for TcpStream {
 
 impl DirectIo for tokio::io::DuplexStream {}
 
-/// How a direct transfer between the socket and backend memory went.
-enum Direct {
-    /// Some bytes moved.
-    Moved,
-    /// The peer closed its side.
-    Eof,
-    /// Not possible now: take the buffered path.
-    Declined,
-}
-
-/// Receives the next part of the streamed write from `socket` straight into backend memory.
+/// Receives the next part of the streamed write straight into backend memory.
 async fn receive_direct(
     socket: &TcpStream,
     session: &mut ServerSession,
@@ -135,24 +126,17 @@ async fn receive_direct(
     loop {
         socket.readable().await?;
         let mut outcome = None;
-        let placed = dispatcher.receive_in_place(session, &mut |dst| {
-            let result = socket.try_read(dst);
-            let n = *result.as_ref().unwrap_or(&0);
-            outcome = Some(result);
-            n
+        let lent = dispatcher.receive_in_place(session, &mut |dst| {
+            record(socket.try_read(dst), &mut outcome)
         })?;
-        match (placed, outcome) {
-            (None, _) | (_, None) => return Ok(Direct::Declined),
-            (Some(_), Some(Ok(0))) => return Ok(Direct::Eof),
-            (Some(_), Some(Ok(_))) => return Ok(Direct::Moved),
-            (Some(_), Some(Err(error))) if error.kind() == io::ErrorKind::WouldBlock => {}
-            (Some(_), Some(Err(error))) => return Err(error.into()),
+        if let Some(direct) = direct::received(lent, outcome)? {
+            return Ok(direct);
         }
     }
 }
 
-/// Sends the rest of a streamed reply (its head already written) from backend memory straight
-/// to `socket`; `Declined` if the backend cannot lend its memory (nothing was sent then).
+/// Sends the rest of a streamed reply (its head already written) straight from backend
+/// memory; `Declined` if the backend cannot lend its memory (nothing was sent then).
 async fn send_direct(
     socket: &TcpStream,
     session: &mut ServerSession,
@@ -162,21 +146,12 @@ async fn send_direct(
 ) -> Result<Direct, ConnectionError> {
     while reply.remaining() > 0 {
         socket.writable().await?;
-        let mut failure = None;
-        let sent =
-            dispatcher.send_in_place(reply, session, &mut |src| match socket.try_write(src) {
-                Ok(n) => n,
-                Err(error) => {
-                    failure = Some(error);
-                    0
-                }
-            })?;
-        if sent.is_none() {
+        let mut outcome = None;
+        let lent = dispatcher.send_in_place(reply, session, &mut |src| {
+            record(socket.try_write(src), &mut outcome)
+        })?;
+        if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
             return Ok(Direct::Declined);
-        }
-        match failure {
-            Some(error) if error.kind() != io::ErrorKind::WouldBlock => return Err(error.into()),
-            _ => {}
         }
     }
     Ok(Direct::Moved)

@@ -15,6 +15,7 @@ use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
 use proto_core::session::{ServerEvent, ServerSession};
 use proto_core::wire::CommInitRequest;
 
+use shell_common::direct::record;
 use shell_common::is_heavy;
 
 use crate::comm::CommLink;
@@ -193,10 +194,7 @@ impl Core {
         let placed = self
             .dispatcher
             .receive_in_place(&mut self.session, &mut |dst| {
-                let result = crate::ring::recv_now(stream, dst);
-                let n = *result.as_ref().unwrap_or(&0);
-                outcome = Some(result);
-                n
+                record(crate::ring::recv_now(stream, dst), &mut outcome)
             })?;
         Ok(placed.and(outcome))
     }
@@ -215,10 +213,7 @@ impl Core {
         let sent = self
             .dispatcher
             .send_in_place(reply, &mut self.session, &mut |src| {
-                let result = crate::ring::send_now(stream, src);
-                let n = *result.as_ref().unwrap_or(&0);
-                outcome = Some(result);
-                n
+                record(crate::ring::send_now(stream, src), &mut outcome)
             })?;
         if sent.is_none() {
             self.direct_replies = false;

@@ -851,12 +851,7 @@ impl Loop {
         };
         match moved {
             Ok(_) => self.advance(tag, None),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
+            Err(error) if shell_common::direct::retry(&error) => {
                 let op = self.ring.poll(tag, fd, writable);
                 conn.op = Some((
                     op,

@@ -1,0 +1,89 @@
+//! The shells' zero-copy tensor data path: what a non-blocking socket call made where the
+//! dispatcher lends backend memory (`Dispatcher::receive_in_place` / `send_in_place`) comes to.
+//!
+//! A shell waits until its socket is ready, then lends the call a closure that runs one
+//! non-blocking `recv` / `send` on the lent region and [`record`]s its result; [`received`] /
+//! [`sent`] then say whether data moved, the peer closed, the dispatcher declined (take the
+//! buffered path) or the socket had nothing after all (wait and retry).
+
+use std::io;
+
+/// How a direct transfer between a socket and lent backend memory went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direct {
+    /// Some bytes moved.
+    Moved,
+    /// The peer closed its side.
+    Eof,
+    /// Not possible now: take the buffered path.
+    Declined,
+}
+
+/// Keeps a socket call's `result` in `outcome` and returns the byte count to tell the lender
+/// (0 on an error).
+pub fn record(result: io::Result<usize>, outcome: &mut Option<io::Result<usize>>) -> usize {
+    let n = *result.as_ref().unwrap_or(&0);
+    *outcome = Some(result);
+    n
+}
+
+/// Whether a socket error only means "not now" (wait for readiness and try again).
+pub fn retry(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// What a direct receive came to: `lent` is what the dispatcher returned (`None`: declined),
+/// `outcome` what the recorded `recv` gave. `Ok(None)`: nothing was there; retry.
+pub fn received(
+    lent: Option<usize>,
+    outcome: Option<io::Result<usize>>,
+) -> io::Result<Option<Direct>> {
+    match (lent, outcome) {
+        (None, _) | (_, None) => Ok(Some(Direct::Declined)),
+        (Some(_), Some(Ok(0))) => Ok(Some(Direct::Eof)),
+        (Some(_), Some(Ok(_))) => Ok(Some(Direct::Moved)),
+        (Some(_), Some(Err(error))) if retry(&error) => Ok(None),
+        (Some(_), Some(Err(error))) => Err(error),
+    }
+}
+
+/// What a direct send came to (as [`received`]; a send that took nothing is not an end of
+/// stream). `Ok(None)`: the socket took nothing; retry.
+pub fn sent(lent: Option<usize>, outcome: Option<io::Result<usize>>) -> io::Result<Option<Direct>> {
+    match (lent, outcome) {
+        (None, _) => Ok(Some(Direct::Declined)),
+        (Some(_), Some(Err(error))) if retry(&error) => Ok(None),
+        (Some(_), Some(Err(error))) => Err(error),
+        (Some(_), _) => Ok(Some(Direct::Moved)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_map_to_what_the_shell_does_next() {
+        let would_block = || Some(Err(io::Error::from(io::ErrorKind::WouldBlock)));
+        let reset = || Some(Err(io::Error::from(io::ErrorKind::ConnectionReset)));
+        assert_eq!(received(None, None).unwrap(), Some(Direct::Declined));
+        assert_eq!(received(Some(0), Some(Ok(0))).unwrap(), Some(Direct::Eof));
+        assert_eq!(received(Some(5), Some(Ok(5))).unwrap(), Some(Direct::Moved));
+        assert_eq!(received(Some(0), would_block()).unwrap(), None);
+        assert!(received(Some(0), reset()).is_err());
+        assert_eq!(sent(None, None).unwrap(), Some(Direct::Declined));
+        assert_eq!(sent(Some(0), Some(Ok(0))).unwrap(), Some(Direct::Moved));
+        assert_eq!(sent(Some(0), would_block()).unwrap(), None);
+        assert!(sent(Some(0), reset()).is_err());
+        let mut outcome = None;
+        assert_eq!(record(Ok(7), &mut outcome), 7);
+        assert_eq!(
+            record(Err(io::ErrorKind::WouldBlock.into()), &mut outcome),
+            0
+        );
+        assert!(outcome.unwrap().is_err());
+    }
+}
