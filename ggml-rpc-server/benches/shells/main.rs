@@ -8,19 +8,28 @@
 //! Each server runs as a child process (ours: the release-built `ggml-rpc-server --shell NAME`;
 //! the reference: `$GGML_RPC_REFERENCE_SERVER`, default
 //! `/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server`, protocol 7) on a loopback port, and the
-//! client is this process (the tokio client, which speaks 7 and 8). Measured per server:
+//! client is this process (the tokio client, which speaks 7 and 8; the small-command rates use
+//! the lean generator of `load.rs`, a mio loop that costs the client little per round trip, so
+//! that the rate shows the server rather than the client). Measured per server:
 //!
 //! * SET and GET of one 256 MiB tensor (GB/s, best of a few runs);
 //! * small-command round trips per second (GET_ALIGNMENT, one client);
 //! * 16 concurrent clients each doing a 64 MiB SET then GET (aggregate GB/s of both directions);
 //! * 16 concurrent clients' small-command rate (aggregate round trips per second);
-//! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR.
+//! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR;
+//!
+//! and, as the row "loopback ceiling", the same 256 MiB moved between this client and a bare
+//! TCP peer that does nothing else (`ceiling.rs`): the most any server could reach here.
 //!
 //! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
 //! Knobs: `BENCH_SHELLS` (comma-separated, default: all of this build), `BENCH_SECONDS` (length
 //! of each rate measurement, default 2), `BENCH_REPEAT` (runs of each 256 MiB transfer, default
-//! 3; the 16-client transfer takes the best of as many), `BENCH_SKIP_REFERENCE=1`,
+//! 3; the 16-client transfer takes the best of as many), `BENCH_LOAD_THREADS` (generator
+//! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
+
+mod ceiling;
+mod load;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -38,7 +47,7 @@ const CLIENTS: usize = 16;
 const PER_CLIENT: usize = 64 * MIB;
 const HUGE: usize = 1024 * MIB;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, Default, Clone)]
 struct Row {
@@ -105,12 +114,34 @@ fn main() {
             &huge,
             seconds,
             repeat,
+            // The reference serves one client at a time.
+            if name == "reference" {
+                load::Clients::Serial
+            } else {
+                load::Clients::Concurrent
+            },
         )) {
             Ok(()) => {}
             Err(error) => eprintln!("{name}: measurement failed: {error}"),
         }
         eprintln!("{row:?}");
         rows.push(row);
+    }
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only.split(',').any(|m| m.trim() == "big") {
+        eprintln!("== loopback ceiling");
+        match runtime.block_on(ceiling::loopback(&big, repeat)) {
+            Ok((set, get)) => {
+                eprintln!("  256 MiB to a bare peer {set:.2} GB/s, from it {get:.2} GB/s");
+                rows.push(Row {
+                    name: "loopback ceiling".into(),
+                    set_gbps: set,
+                    get_gbps: get,
+                    ..Row::default()
+                });
+            }
+            Err(error) => eprintln!("loopback ceiling: measurement failed: {error}"),
+        }
     }
     print_table(&rows);
 }
@@ -125,6 +156,7 @@ async fn measure(
     huge: &Bytes,
     seconds: f64,
     repeat: usize,
+    clients: load::Clients,
 ) -> Result<(), BoxError> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |metric: &str| only.is_empty() || only.split(',').any(|m| m.trim() == metric);
@@ -145,7 +177,7 @@ async fn measure(
             }
         }
         if wanted("rtt") {
-            match small_commands(addr, 1, seconds).await {
+            match small_commands(addr, 1, load::Clients::Concurrent, seconds).await {
                 Ok(rate) => {
                     row.rtt_per_s = rate;
                     eprintln!("  GET_ALIGNMENT, 1 client: {rate:.0}/s");
@@ -165,7 +197,7 @@ async fn measure(
         if wanted("multirtt") {
             let cpu = server.cpu_seconds()?;
             let start = Instant::now();
-            match small_commands(addr, CLIENTS, seconds).await {
+            match small_commands(addr, CLIENTS, clients, seconds).await {
                 Ok(rate) => {
                     row.multi_rtt_per_s = rate;
                     let commands = rate * start.elapsed().as_secs_f64();
@@ -228,31 +260,21 @@ async fn big_transfer(
     Ok((set, get))
 }
 
-/// `clients` clients, each connecting and sending GET_ALIGNMENT for `seconds`; aggregate
-/// round trips per second.
-async fn small_commands(addr: SocketAddr, clients: usize, seconds: f64) -> Result<f64, BoxError> {
-    let duration = Duration::from_secs_f64(seconds);
-    let mut tasks = Vec::new();
-    let start = Instant::now();
-    for _ in 0..clients {
-        tasks.push(tokio::spawn(retrying(move || async move {
-            let mut client = connect(addr).await?;
-            let begin = Instant::now();
-            let mut done = 0u64;
-            while begin.elapsed() < duration {
-                for _ in 0..64 {
-                    client.alignment(0).await?;
-                }
-                done += 64;
-            }
-            Ok::<u64, BoxError>(done)
-        })));
-    }
-    let mut total = 0u64;
-    for task in tasks {
-        total += task.await??;
-    }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+/// `clients` connections sending GET_ALIGNMENT for `seconds` (one request in flight on each,
+/// from the lean generator); aggregate round trips per second.
+async fn small_commands(
+    addr: SocketAddr,
+    clients: usize,
+    mode: load::Clients,
+    seconds: f64,
+) -> Result<f64, BoxError> {
+    // The protocol the server speaks, from a HELLO of the auto-negotiating client.
+    let version = connect(addr).await?.server_version();
+    let threads: usize = env_or("BENCH_LOAD_THREADS", 1);
+    tokio::task::spawn_blocking(move || {
+        load::round_trips(addr, version, clients, mode, threads, seconds)
+    })
+    .await?
 }
 
 /// 16 clients at once, each SET then GET of its own 64 MiB tensor; aggregate GB/s over both
@@ -327,7 +349,7 @@ async fn tensor_in(client: &mut Client, len: usize) -> Result<RpcTensor, BoxErro
     Ok(tensor)
 }
 
-fn gbps(bytes: usize, elapsed: Duration) -> f64 {
+pub(crate) fn gbps(bytes: usize, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / 1e9
 }
 
@@ -458,6 +480,10 @@ fn print_table(rows: &[Row]) {
     for (label, get, unit) in metrics {
         for row in rows {
             let value = get(row);
+            if value == 0.0 && row.name == "loopback ceiling" {
+                // The ceiling has only the transfer figures.
+                continue;
+            }
             let shown = if unit == "GB/s" || unit == "us" {
                 format!("{value:.2} {unit}")
             } else {
