@@ -24,7 +24,8 @@
 //! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
 //! Knobs: `BENCH_SHELLS` (comma-separated, default: all of this build), `BENCH_SECONDS` (length
 //! of each rate measurement, default 2), `BENCH_REPEAT` (runs of each 256 MiB transfer, default
-//! 3; the 16-client transfer takes the best of as many), `BENCH_LOAD_THREADS` (generator
+//! 3; the 16-client transfer takes the best of as many), `BENCH_ROUNDS` (rounds over all the
+//! servers, interleaved, default 1; the table gives medians and ranges), `BENCH_LOAD_THREADS` (generator
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
 
@@ -64,6 +65,7 @@ struct Row {
 fn main() {
     let seconds: f64 = env_or("BENCH_SECONDS", 2.0);
     let repeat: usize = env_or("BENCH_REPEAT", 3);
+    let rounds_wanted: usize = env_or("BENCH_ROUNDS", 1);
     let shells: Vec<String> = std::env::var("BENCH_SHELLS")
         .unwrap_or_else(|_| "tokio,uring,smol".into())
         .split(',')
@@ -98,52 +100,58 @@ fn main() {
     let per_client = fill(PER_CLIENT, 7);
     let huge = fill(HUGE, 11);
 
-    let mut rows = Vec::new();
-    for (name, args, program) in &targets {
-        eprintln!("== {name}");
-        let mut row = Row {
-            name: name.clone(),
-            ..Row::default()
-        };
-        match runtime.block_on(measure(
-            program,
-            args,
-            &mut row,
-            &big,
-            &per_client,
-            &huge,
-            seconds,
-            repeat,
-            // The reference serves one client at a time.
-            if name == "reference" {
-                load::Clients::Serial
-            } else {
-                load::Clients::Concurrent
-            },
-        )) {
-            Ok(()) => {}
-            Err(error) => eprintln!("{name}: measurement failed: {error}"),
-        }
-        eprintln!("{row:?}");
-        rows.push(row);
-    }
+    // Rounds interleave the servers, so a load change on the machine hits all of them alike;
+    // the table gives medians and the range of the per-round ratios.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() || only.split(',').any(|m| m.trim() == "big") {
-        eprintln!("== loopback ceiling");
-        match runtime.block_on(ceiling::loopback(&big, repeat)) {
-            Ok((set, get)) => {
-                eprintln!("  256 MiB to a bare peer {set:.2} GB/s, from it {get:.2} GB/s");
-                rows.push(Row {
-                    name: "loopback ceiling".into(),
-                    set_gbps: set,
-                    get_gbps: get,
-                    ..Row::default()
-                });
+    let mut rounds = Vec::new();
+    for round in 0..rounds_wanted.max(1) {
+        let mut rows = Vec::new();
+        for (name, args, program) in &targets {
+            eprintln!("== {name} (round {})", round + 1);
+            let mut row = Row {
+                name: name.clone(),
+                ..Row::default()
+            };
+            match runtime.block_on(measure(
+                program,
+                args,
+                &mut row,
+                &big,
+                &per_client,
+                &huge,
+                seconds,
+                repeat,
+                // The reference serves one client at a time.
+                if name == "reference" {
+                    load::Clients::Serial
+                } else {
+                    load::Clients::Concurrent
+                },
+            )) {
+                Ok(()) => {}
+                Err(error) => eprintln!("{name}: measurement failed: {error}"),
             }
-            Err(error) => eprintln!("loopback ceiling: measurement failed: {error}"),
+            eprintln!("{row:?}");
+            rows.push(row);
         }
+        if only.is_empty() || only.split(',').any(|m| m.trim() == "big") {
+            eprintln!("== loopback ceiling (round {})", round + 1);
+            let mut row = Row {
+                name: "loopback ceiling".into(),
+                ..Row::default()
+            };
+            match runtime.block_on(ceiling::loopback(&big, repeat)) {
+                Ok((set, get)) => {
+                    eprintln!("  256 MiB to a bare peer {set:.2} GB/s, from it {get:.2} GB/s");
+                    (row.set_gbps, row.get_gbps) = (set, get);
+                }
+                Err(error) => eprintln!("loopback ceiling: measurement failed: {error}"),
+            }
+            rows.push(row);
+        }
+        rounds.push(rows);
     }
-    print_table(&rows);
+    print_table(&rounds);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -453,12 +461,19 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn print_table(rows: &[Row]) {
-    let reference = rows.iter().find(|r| r.name == "reference").cloned();
-    let tokio = rows.iter().find(|r| r.name == "tokio").cloned();
-    let ratio = |value: f64, base: Option<f64>| match base {
-        Some(base) if base > 0.0 && value > 0.0 => format!("{:.2}x", value / base),
-        _ => "-".to_owned(),
+/// Prints one line per metric and server: the median over the rounds (and their range), and
+/// the median and range of the per-round ratios to the reference and to tokio.
+fn print_table(rounds: &[Vec<Row>]) {
+    let Some(first) = rounds.first() else {
+        return;
+    };
+    let names: Vec<&str> = first.iter().map(|r| r.name.as_str()).collect();
+    let value_of = |round: &[Row], name: &str, get: fn(&Row) -> f64| {
+        round
+            .iter()
+            .find(|r| r.name == name)
+            .map(get)
+            .unwrap_or(0.0)
     };
     type Metric = (&'static str, fn(&Row) -> f64, &'static str);
     let metrics: [Metric; 7] = [
@@ -474,27 +489,69 @@ fn print_table(rows: &[Row]) {
         ),
         ("peak RSS, 1 GiB SET_TENSOR", |r| r.peak_rss_mib, "MiB"),
     ];
+    let shown = |value: f64, unit: &str| {
+        if unit == "GB/s" || unit == "us" {
+            format!("{value:.2}")
+        } else {
+            format!("{value:.0}")
+        }
+    };
+    println!();
+    println!("{} round(s); median (min-max)", rounds.len());
     println!();
     println!("| metric | server | value | vs reference | vs tokio |");
     println!("|---|---|---|---|---|");
     for (label, get, unit) in metrics {
-        for row in rows {
-            let value = get(row);
-            if value == 0.0 && row.name == "loopback ceiling" {
-                // The ceiling has only the transfer figures.
+        for &name in &names {
+            let values: Vec<f64> = rounds.iter().map(|r| value_of(r, name, get)).collect();
+            if values.iter().all(|&v| v == 0.0) {
+                // Not measured (BENCH_ONLY; the ceiling has only the transfer figures).
                 continue;
             }
-            let shown = if unit == "GB/s" || unit == "us" {
-                format!("{value:.2} {unit}")
-            } else {
-                format!("{value:.0} {unit}")
+            let ratios = |base: &str| -> String {
+                let ratios: Vec<f64> = rounds
+                    .iter()
+                    .map(|r| (value_of(r, name, get), value_of(r, base, get)))
+                    .filter(|&(v, b)| v > 0.0 && b > 0.0)
+                    .map(|(v, b)| v / b)
+                    .collect();
+                match spread(&ratios) {
+                    Some((median, min, max)) if ratios.len() > 1 => {
+                        format!("{median:.2}x ({min:.2}-{max:.2})")
+                    }
+                    Some((median, _, _)) => format!("{median:.2}x"),
+                    None => "-".to_owned(),
+                }
+            };
+            let value = match spread(&values) {
+                Some((median, min, max)) if values.len() > 1 => format!(
+                    "{} {unit} ({}-{})",
+                    shown(median, unit),
+                    shown(min, unit),
+                    shown(max, unit)
+                ),
+                Some((median, _, _)) => format!("{} {unit}", shown(median, unit)),
+                None => "-".to_owned(),
             };
             println!(
-                "| {label} | {} | {shown} | {} | {} |",
-                row.name,
-                ratio(value, reference.as_ref().map(get)),
-                ratio(value, tokio.as_ref().map(get)),
+                "| {label} | {name} | {value} | {} | {} |",
+                ratios("reference"),
+                ratios("tokio")
             );
         }
     }
+}
+
+/// Median, minimum and maximum.
+fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let (&min, &max) = (sorted.first()?, sorted.last()?);
+    let middle = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    };
+    Some((median, min, max))
 }
