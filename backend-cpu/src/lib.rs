@@ -22,9 +22,10 @@
 //!   the locked buffers with `-t N` threads (`compute/mod.rs` says where each part is);
 //! * `meminfo`: the host's memory figures and CPU name.
 //!
-//! `unsafe` is denied crate-wide and allowed in exactly two modules, each block with a
+//! `unsafe` is denied crate-wide and allowed in exactly three modules, each block with a
 //! `// SAFETY:` argument: `compute/memory.rs` (raw access to the locked buffers' bytes, checked
-//! once per node) and `compute/quant/simd.rs` (CPU-feature dispatch and AVX2 intrinsics).
+//! once per node), `compute/quant/simd.rs` and `compute/ops/fa_accumulate.rs` (CPU-feature
+//! dispatch and SIMD intrinsics).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
