@@ -94,7 +94,7 @@ pub(super) fn glu(node: &Node<'_>, mut dst: Dst<'_>, params: GluParams) -> Resul
             };
             gate(params, x, g, &mut y);
             encode(scalar, &y, &mut bytes);
-            part.write(r, 0, &bytes)?;
+            part.write_at(idx, 0, &bytes)?;
         }
         Ok(())
     })

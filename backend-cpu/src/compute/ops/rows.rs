@@ -92,7 +92,8 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return Ok(());
     }
     let ne1 = layout.ne[1];
-    checked_ids(&ids, ne1, SET_ROWS_ID)?;
+    // checked once here; the kernel takes them from this flat copy
+    let flat = checked_ids(&ids, ne1, SET_ROWS_ID)?;
     let il = ids.layout;
     let planes = layout.ne[2] * layout.ne[3];
     let chunk = node.pool.chunk(planes, al.ne[1] * al.ne[0]) * ne1;
@@ -106,15 +107,16 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         let mut bytes = Vec::new();
         for plane in rows.start / ne1..rows.end / ne1 {
             let (i02, i03) = (plane % layout.ne[2], plane / layout.ne[2]);
-            for i in 0..al.ne[1] {
-                let id = checked(
-                    ids.index_at([i, i02 % il.ne[1], i03 % il.ne[2], 0]),
-                    ne1,
-                    SET_ROWS_ID,
-                )?;
+            // the ids of this plane: `ids[i, i02 % ne11, i03 % ne12]` for every `i`, in the
+            // flat (row-major) order of `checked_ids`
+            let first = il.ne[0] * (i02 % il.ne[1] + il.ne[1] * (i03 % il.ne[2]));
+            let plane_ids = flat
+                .get(first..first + al.ne[1])
+                .ok_or_else(|| internal("SET_ROWS ids shorter than the source rows"))?;
+            for (i, &id) in plane_ids.iter().enumerate() {
                 a.load_f32([i, i02, i03], &mut values)?;
                 encode_row(layout.type_id, &values, &mut bytes)?;
-                part.write(layout.row_number([id, i02, i03]), 0, &bytes)?;
+                part.write_at([id, i02, i03], 0, &bytes)?;
             }
         }
         Ok(())

@@ -42,6 +42,14 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
             }
             let mut sum = 0.0f64;
             for w in y.iter_mut() {
+                if *w == f32::NEG_INFINITY && max > f32::NEG_INFINITY {
+                    // a masked entry: exp(-inf - max) is +0 for any max but -inf or NaN (where
+                    // ggml's NaN must come out), and adding +0 leaves the sum (never -0) as it
+                    // is. Most entries are masked (the KV cache's unused cells, the causal
+                    // mask), and expf is the cost of this op.
+                    *w = 0.0;
+                    continue;
+                }
                 *w = (*w - max).exp();
                 sum += f64::from(*w);
             }

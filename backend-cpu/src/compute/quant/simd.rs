@@ -25,7 +25,7 @@
 //! calling `#[target_feature]` functions after the run-time check, the intrinsics' unaligned
 //! loads and stores and the inline assembly's loads, each inside the arrays it is given.
 
-use super::tiles::{self, Q8Row, Q0};
+use super::tiles::{self, Q8Row, StridedRows, Q0};
 use super::{float, k_quants, q4, q5, q8};
 
 /// Whether the AVX2 paths are taken on this machine.
@@ -216,7 +216,7 @@ pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
 /// [`tiles::dot_rows`] after its checks: one kernel choice for all the rows.
 pub(super) fn dot_rows<const RN: usize>(
     kind: Q0,
-    w: &[&[u8]],
+    w: StridedRows<'_>,
     y: &[Q8Row<'_>; RN],
     out: &mut [[f32; RN]],
 ) {
@@ -247,9 +247,12 @@ pub(super) fn dot_rows<const RN: usize>(
             return;
         }
     }
-    for (w, o) in w.iter().zip(out) {
-        tiles::dot_tile_portable(kind, &[*w], y, std::array::from_mut(o));
-    }
+    tiles::for_each_group(
+        w,
+        out,
+        |g, o| tiles::dot_tile_portable(kind, g, y, o),
+        |r, o| tiles::dot_tile_portable(kind, &[r], y, std::array::from_mut(o)),
+    );
 }
 
 /// [`vec_dot_f16`] of two rows with one, sharing the work on `y` where the rows have no
@@ -264,6 +267,40 @@ pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
         }
     }
     [vec_dot_f16(x[0], y), vec_dot_f16(x[1], y)]
+}
+
+/// Whether [`dot_f16_rows`] takes the AVX-512 kernel for rows of `n` elements: whole steps of
+/// 32 (no tail) on a CPU with AVX-512 F.
+pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        n.is_multiple_of(float::LANES) && x86::has_avx512f()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = n;
+        false
+    }
+}
+
+/// [`tiles::dot_f16_rows`] after its checks (every row of `w` twice as many bytes as each
+/// row of `y` has values, `out` as long as `w`).
+pub(super) fn dot_f16_rows<const RN: usize>(w: &[&[u8]], y: &[&[f32]; RN], out: &mut [[f32; RN]]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = y.first().map_or(0, |r| r.len());
+        if dot_f16_rows_fast(n) {
+            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
+            // the rows are whole steps of 32 values; the caller checked the lengths.
+            unsafe { x86::dot_f16_rows_zmm(w, y, out) };
+            return;
+        }
+    }
+    for (x, o) in w.iter().zip(out) {
+        for (o, y) in o.iter_mut().zip(y) {
+            *o = tiles::dot_f16_f32_portable(x, y);
+        }
+    }
 }
 
 /// Every implementation of [`dot_tile`] this CPU can run, with its name (for the tests that
@@ -320,7 +357,7 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::sync::atomic::{AtomicU8, Ordering};
 
-    use super::super::tiles::{Q8Row, ROW_BIAS, ROW_BLOCK_BYTES, ROW_SCALE};
+    use super::super::tiles::{self, Q8Row, StridedRows, ROW_BIAS, ROW_BLOCK_BYTES, ROW_SCALE};
 
     use super::super::float::{finish_dot, get_f16, LANES};
     use super::super::k_quants::{
@@ -970,27 +1007,24 @@ mod x86 {
         }
     }
 
-    /// `tiles::dot_rows`: [`dot_tile`] on groups of four consecutive rows of `w`, then on
-    /// the rest one by one.
+    /// `tiles::dot_rows`: [`dot_tile`] on its groups of four rows, then on the rest one by
+    /// one.
     ///
     /// # Safety
     /// As [`dot_tile`], for every row of `w`; `out` as long as `w`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_rows<const RN: usize, const Q8: bool, const VNNI: bool>(
-        w: &[&[u8]],
+        w: StridedRows<'_>,
         y: &[Q8Row<'_>; RN],
         out: &mut [[f32; RN]],
     ) {
-        let mut groups = w.chunks_exact(4);
-        let mut outs = out.chunks_exact_mut(4);
-        for (g, o) in (&mut groups).zip(&mut outs) {
-            if let (Some(g), Some(o)) = (g.first_chunk::<4>(), o.first_chunk_mut::<4>()) {
-                dot_tile::<4, RN, Q8, VNNI>(g, y, o);
-            }
-        }
-        for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-            dot_tile::<1, RN, Q8, VNNI>(std::array::from_ref(g), y, std::array::from_mut(o));
-        }
+        tiles::for_each_group(
+            w,
+            out,
+            // SAFETY: the caller's guarantees, row by row.
+            |g, o| unsafe { dot_tile::<4, RN, Q8, VNNI>(g, y, o) },
+            |r, o| unsafe { dot_tile::<1, RN, Q8, VNNI>(&[r], y, std::array::from_mut(o)) },
+        );
     }
 
     /// 0: not probed yet, 1: no AVX-512 VNNI, 2: yes.
@@ -1077,32 +1111,122 @@ mod x86 {
         }
     }
 
-    /// `tiles::dot_rows` with [`dot_tile_zmm`] on groups of four consecutive rows of `w`,
-    /// then the AVX-VNNI (or AVX2) [`dot_tile`] on the rest one by one.
+    /// `tiles::dot_rows` with [`dot_tile_zmm`] on its groups of four rows, then the AVX-VNNI
+    /// (or AVX2) [`dot_tile`] on the rest one by one.
     ///
     /// # Safety
     /// As [`dot_tile_zmm`], for every row of `w`; `out` as long as `w`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn dot_rows_zmm<const RN: usize, const Q8: bool>(
-        w: &[&[u8]],
+        w: StridedRows<'_>,
         y: &[Q8Row<'_>; RN],
         out: &mut [[f32; RN]],
     ) {
+        let vnni = has_avx_vnni();
+        tiles::for_each_group(
+            w,
+            out,
+            // SAFETY: the caller's guarantees, row by row.
+            |g, o| unsafe { dot_tile_zmm::<4, RN, Q8>(g, y, o) },
+            |r, o| {
+                let (g, o) = (&[r], std::array::from_mut(o));
+                // SAFETY: as above (AVX-VNNI checked by `has_avx_vnni`).
+                unsafe {
+                    if vnni {
+                        dot_tile::<1, RN, Q8, true>(g, y, o);
+                    } else {
+                        dot_tile::<1, RN, Q8, false>(g, y, o);
+                    }
+                }
+            },
+        );
+    }
+
+    /// 0: not probed yet, 1: no AVX-512 F, 2: yes.
+    static AVX512F: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether the CPU has AVX-512 F besides AVX2+FMA+F16C (probed once; the macro also
+    /// checks that the OS saves zmm state).
+    pub(super) fn has_avx512f() -> bool {
+        match AVX512F.load(Ordering::Relaxed) {
+            0 => {
+                let yes = has_avx2() && is_x86_feature_detected!("avx512f");
+                AVX512F.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+                yes
+            }
+            state => state == 2,
+        }
+    }
+
+    /// `RM` F16 weight rows at `w` times `RN` widened activation rows at `y`, `steps` steps
+    /// of 32 values: per output the 32 lanes of [`vec_dot_f16`] as two zmm (lanes 0..16 and
+    /// 16..32), each step's products added to them (multiply, then add), and the same
+    /// reduction: `lo + hi` is `[acc0 + acc2 | acc1 + acc3]` of the AVX2 kernel's four
+    /// vectors, and its halves' sum the AVX2 kernel's `(acc0 + acc2) + (acc1 + acc3)`.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `64 * steps` readable bytes at every `w[i]`, `32 *
+    /// steps` f32 at every `y[j]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot_f16_tile_zmm<const RM: usize, const RN: usize>(
+        w: [*const u8; RM],
+        y: [*const f32; RN],
+        steps: usize,
+        out: &mut [[f32; RN]; RM],
+    ) {
+        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
+        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
+        for s in 0..steps {
+            for i in 0..RM {
+                // SAFETY: step `s` lies inside the rows (the caller's guarantee).
+                let x0 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s).cast()));
+                let x1 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s + 32).cast()));
+                for j in 0..RN {
+                    let y0 = _mm512_loadu_ps(y[j].add(32 * s));
+                    let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
+                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
+                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
+                }
+            }
+        }
+        for i in 0..RM {
+            for j in 0..RN {
+                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
+                let h = _mm512_castps_si512(v);
+                let v8 = _mm256_add_ps(
+                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
+                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
+                );
+                out[i][j] = hsum8(v8);
+            }
+        }
+    }
+
+    /// `tiles::dot_f16_rows`: [`dot_f16_tile_zmm`] on groups of four consecutive weight rows,
+    /// then on the rest one by one.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
+    /// row of `w` of twice that many bytes; `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16_rows_zmm<const RN: usize>(
+        w: &[&[u8]],
+        y: &[&[f32]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let steps = y.first().map_or(0, |r| r.len()) / 32;
+        let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
         let mut groups = w.chunks_exact(4);
         let mut outs = out.chunks_exact_mut(4);
         for (g, o) in (&mut groups).zip(&mut outs) {
-            if let (Some(g), Some(o)) = (g.first_chunk::<4>(), o.first_chunk_mut::<4>()) {
-                dot_tile_zmm::<4, RN, Q8>(g, y, o);
+            if let Some(o) = o.first_chunk_mut::<4>() {
+                let wp: [*const u8; 4] = std::array::from_fn(|i| g[i].as_ptr());
+                dot_f16_tile_zmm::<4, RN>(wp, yp, steps, o);
             }
         }
-        let vnni = has_avx_vnni();
         for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-            let (g, o) = (std::array::from_ref(g), std::array::from_mut(o));
-            if vnni {
-                dot_tile::<1, RN, Q8, true>(g, y, o);
-            } else {
-                dot_tile::<1, RN, Q8, false>(g, y, o);
-            }
+            dot_f16_tile_zmm::<1, RN>([g.as_ptr()], yp, steps, std::array::from_mut(o));
         }
     }
 
