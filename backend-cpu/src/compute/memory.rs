@@ -425,10 +425,19 @@ impl DstPart<'_> {
     unsafe fn store(&mut self, offset: usize, units: usize, bytes: &[u8]) {
         let (size, stride) = (self.layout.type_size, self.layout.nb[0]);
         if stride == size {
+            let (src, dst) = (bytes.as_ptr(), self.base.wrapping_add(offset));
             // SAFETY: the caller passes a run that `locate` checked to lie in this part's tile,
             // so its bytes lie in the destination's checked extent (point 2) and no other part
-            // touches them (point 4); `bytes` is caller memory, not the destination.
-            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(offset), bytes.len()) };
+            // touches them (point 4); `bytes` is caller memory, not the destination. (One
+            // element of 2 or 4 bytes, as SET_ROWS writes into a transposed V cache, is
+            // copied inline rather than through a call of `memcpy`.)
+            unsafe {
+                match bytes.len() {
+                    2 => ptr::copy_nonoverlapping(src, dst, 2),
+                    4 => ptr::copy_nonoverlapping(src, dst, 4),
+                    len => ptr::copy_nonoverlapping(src, dst, len),
+                }
+            };
         } else {
             for (u, unit) in bytes.chunks_exact(size).enumerate().take(units) {
                 // SAFETY: as above, element by element at the layout's stride.

@@ -104,11 +104,26 @@ impl Prepared {
             .enumerate()
             .map(|(i, c)| (i * chunk, c))
             .collect();
+        // F32 rows are quantized in place, without a copy, where they are aligned f32s (and
+        // the bytes are the values: little-endian)
+        let direct =
+            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
         node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
             let mut row = vec![0.0f32; k];
             for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
-                x.load_f32(x.layout.row_index(first + n), &mut row)?;
-                quant::quantize_row(vdt, &row, dst)?;
+                let idx = x.layout.row_index(first + n);
+                let values = match direct {
+                    true => bytemuck::try_cast_slice::<u8, f32>(x.row(idx)).ok(),
+                    false => None,
+                };
+                let values = match values {
+                    Some(values) => values,
+                    None => {
+                        x.load_f32(idx, &mut row)?;
+                        &row
+                    }
+                };
+                quant::quantize_row(vdt, values, dst)?;
             }
             Ok(())
         })?;

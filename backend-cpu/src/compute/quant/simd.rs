@@ -89,7 +89,6 @@ multiversion! {
     quantize_f32(src: &[f32], dst: &mut [u8]) = float::quantize_f32;
     quantize_f16(src: &[f32], dst: &mut [u8]) = float::quantize_f16;
     quantize_bf16(src: &[f32], dst: &mut [u8]) = float::quantize_bf16;
-    quantize_q8_0(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_0;
     quantize_q8_1(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_1;
     quantize_q8_k(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_k;
 
@@ -97,6 +96,23 @@ multiversion! {
     vec_dot_bf16(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_bf16;
     vec_dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q2_k_q8_k;
     vec_dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q3_k_q8_k;
+}
+
+/// `q8::quantize_q8_0` (ggml-cpu's AVX `quantize_row_q8_0`): hand-written AVX2 where the CPU
+/// has AVX2+FMA+F16C (the same maxima, scale, rounding and clamping: the same bytes), the
+/// portable code otherwise.
+#[inline]
+pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
+            // and writes only inside the slices.
+            unsafe { x86::quantize_q8_0(src, dst) };
+            return;
+        }
+    }
+    q8::quantize_q8_0(src, dst);
 }
 
 /// Defines `pub(super) fn $name(x, y) -> f32` that runs the hand-written AVX2 `$avx2` when the
@@ -512,6 +528,53 @@ mod x86 {
                 _mm256_add_ps(a[1], a[3]),
             ))
         })
+    }
+
+    /// `q8::quantize_q8_0` with AVX2: per block the largest `|x|` over the four vectors with
+    /// `max_ps` in the portable order (NaNs fall out the same way), `d = amax / 127` to f16
+    /// (F16C, nearest even, as the `half` crate does on such a CPU), `q = x * (127 / amax)`
+    /// rounded half to even, then clamped to `[-128, 127]` with `max_ps(q, -128)` first
+    /// (a NaN gives -128, as the portable code's), packed in element order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+        let sign = _mm256_set1_ps(-0.0);
+        for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+            let p = x.as_ptr();
+            // SAFETY: `x` holds 32 values.
+            let v: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k)));
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            for v in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+            }
+            let h = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+            let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let half =
+                _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d)))
+                    as u16;
+            b[..2].copy_from_slice(&half.to_le_bytes());
+            let idv = _mm256_set1_ps(id);
+            let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+            let q: [__m256i; 4] = std::array::from_fn(|k| {
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm256_mul_ps(v[k], idv),
+                );
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+            });
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let ordered =
+                _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: a Q8_0 block holds 32 quants after its 2-byte scale.
+            _mm256_storeu_si256(b.as_mut_ptr().add(2).cast(), ordered);
+        }
     }
 
     /// The 32 bits of a Q5 block's `qh` as bytes: 16 where the element's bit is set, else 0

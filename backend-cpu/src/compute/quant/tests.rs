@@ -1409,6 +1409,26 @@ fn quant_multiversioned_kernels_match_portable() {
     let mut src = rng.floats(n);
     src[5] = f32::NAN;
     src[300] = f32::INFINITY;
+    // blocks of zeros, of signed zeros and of halves (ties), one with a NaN only, one
+    // with huge and tiny values
+    src[32..64].fill(0.0);
+    src[64..96]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
+    src[96..128]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = i as f32 - 15.5);
+    src[128..160].fill(f32::NAN);
+    src[160..192]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 3 == 0 { 3e38 } else { 1e-30 * i as f32 });
+    src[192..224]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = -(i as f32) * 1e-6);
     for (t, fast, portable) in quants {
         let size = row_size(t, n).unwrap();
         let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);

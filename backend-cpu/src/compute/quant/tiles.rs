@@ -100,17 +100,27 @@ impl Q8Rows {
             )));
         }
         let n = bytes.len() / Q8_0_BYTES;
-        let mut out = Vec::with_capacity(n * ROW_BLOCK_BYTES);
+        let mut out = vec![0u8; n * ROW_BLOCK_BYTES];
         let offset = kind.offset();
-        for b in bytes.chunks_exact(Q8_0_BYTES) {
-            out.extend_from_slice(&b[2..]);
-            for q in b[2..].chunks_exact(4) {
+        for (b, o) in bytes
+            .chunks_exact(Q8_0_BYTES)
+            .zip(out.chunks_exact_mut(ROW_BLOCK_BYTES))
+        {
+            let (Some(b), Some(o)) = (
+                b.first_chunk::<Q8_0_BYTES>(),
+                o.first_chunk_mut::<ROW_BLOCK_BYTES>(),
+            ) else {
+                break;
+            };
+            o[..QK32].copy_from_slice(&b[2..]);
+            for (l, q) in b[2..].chunks_exact(4).enumerate() {
                 let sum: i32 = q.iter().map(|&v| i32::from(v as i8)).sum();
-                out.extend_from_slice(&(-offset * sum).to_le_bytes());
+                o[ROW_BIAS + 4 * l..ROW_BIAS + 4 * l + 4]
+                    .copy_from_slice(&(-offset * sum).to_le_bytes());
             }
             let d = fp16(b[0], b[1]).to_le_bytes();
-            for _ in 0..BLOCK_LANES {
-                out.extend_from_slice(&d);
+            for l in 0..BLOCK_LANES {
+                o[ROW_SCALE + 4 * l..ROW_SCALE + 4 * l + 4].copy_from_slice(&d);
             }
         }
         Ok(Q8Rows {
