@@ -408,6 +408,47 @@ impl DstPart<'_> {
         Ok(())
     }
 
+    /// Writes whole rows into plane `(i2, i3)`: `bytes` holds `ids.len()` packed rows, the
+    /// `n`th going to row `(ids[n], i2, i3)` (a later one over an earlier one with the same
+    /// id). The tile is checked once for the plane, each id against the rows: a scatter of
+    /// many short rows (SET_ROWS) without a full check per row.
+    pub(crate) fn write_plane_rows(
+        &mut self,
+        [i2, i3]: [usize; 2],
+        ids: &[usize],
+        bytes: &[u8],
+    ) -> Result<()> {
+        let l = self.layout;
+        let row_bytes = l.row_bytes();
+        let first = l.row_number([0, i2, i3]);
+        let whole = i2 < l.ne[2]
+            && i3 < l.ne[3]
+            && self.rows.start <= first
+            && first + l.ne[1] <= self.rows.end
+            && self.cols == (0..l.ne[0])
+            && bytes.len() == ids.len() * row_bytes;
+        if !whole {
+            return Err(Error::Backend(format!(
+                "CPU compute engine: rows of plane ({i2}, {i3}) outside the part {:?}x{:?}",
+                self.rows, self.cols
+            )));
+        }
+        let units = l.ne[0] / l.block;
+        for (&id, row) in ids.iter().zip(bytes.chunks_exact(row_bytes.max(1))) {
+            if id >= l.ne[1] {
+                return Err(Error::Backend(format!(
+                    "CPU compute engine: row {id} outside the destination's {} rows",
+                    l.ne[1]
+                )));
+            }
+            // SAFETY: row `(id, i2, i3)` lies in this part's tile (all of the plane's rows and
+            // columns do, checked above), and `row` is one packed row of `units` blocks: the
+            // run that `locate` would return for it.
+            unsafe { self.store(l.row_offset([id, i2, i3]), units, row) };
+        }
+        Ok(())
+    }
+
     /// Writes packed elements (whole blocks) into row `row` starting at column `col`.
     pub(crate) fn write(&mut self, row: usize, col: usize, bytes: &[u8]) -> Result<()> {
         let (offset, units) = self.locate(row, col, bytes.len())?;

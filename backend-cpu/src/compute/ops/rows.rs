@@ -17,7 +17,8 @@
 use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
-use crate::compute::view::{encode_row, internal, SrcView};
+use crate::compute::view::{encode_row, internal, Scalar, SrcView};
+use proto_core::ggml::types::id as ty;
 
 use super::Node;
 
@@ -84,6 +85,21 @@ pub(super) fn get_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     })
 }
 
+/// Plane `(i2, i3)` of `a` as f32 values, every row in order, where it is one aligned run of
+/// little-endian F32 (and `scalar`, the destination type converting element by element).
+/// SET_ROWS into a transposed V cache has one-element rows: converting them one by one
+/// costs far more than the conversion itself.
+fn whole_plane<'a>(a: &SrcView<'a>, [i2, i3]: [usize; 2], scalar: bool) -> Option<&'a [f32]> {
+    let l = &a.layout;
+    let packed = l.type_id == ty::F32 && l.nb[0] == 4 && (l.ne[1] == 1 || l.nb[1] == 4 * l.ne[0]);
+    if !scalar || !packed || !cfg!(target_endian = "little") {
+        return None;
+    }
+    let start = l.row_offset([0, i2, i3]);
+    let bytes = a.bytes.get(start..start + 4 * l.ne[0] * l.ne[1])?;
+    bytemuck::try_cast_slice(bytes).ok()
+}
+
 pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let (a, ids) = (node.view(0)?, node.view(1)?);
     let layout = *dst.layout();
@@ -95,6 +111,8 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     // checked once here; the kernel takes them from this flat copy
     let flat = checked_ids(&ids, ne1, SET_ROWS_ID)?;
     let il = ids.layout;
+    // element-wise conversions (plain destination types) may take a plane at once
+    let scalar = Scalar::float(layout.type_id).is_some();
     let planes = layout.ne[2] * layout.ne[3];
     let chunk = node.pool.chunk(planes, al.ne[1] * al.ne[0]) * ne1;
     let parts = dst.split_rows(chunk);
@@ -113,6 +131,13 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
             let plane_ids = flat
                 .get(first..first + al.ne[1])
                 .ok_or_else(|| internal("SET_ROWS ids shorter than the source rows"))?;
+            if let Some(plane) = whole_plane(&a, [i02, i03], scalar) {
+                // the plane's rows are one run of f32s: converted in one call (what each row's
+                // conversion gives, the types being plain), then written row by row
+                encode_row(layout.type_id, plane, &mut bytes)?;
+                part.write_plane_rows([i02, i03], plane_ids, &bytes)?;
+                continue;
+            }
             for (i, &id) in plane_ids.iter().enumerate() {
                 a.load_f32([i, i02, i03], &mut values)?;
                 encode_row(layout.type_id, &values, &mut bytes)?;
