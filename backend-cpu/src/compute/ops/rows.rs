@@ -29,6 +29,21 @@ fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec
     for i3 in 0..l.ne[3] {
         for i2 in 0..l.ne[2] {
             for i1 in 0..l.ne[1] {
+                if l.dense_rows() {
+                    // a packed row of ids read in one pass (thousands of them in SET_ROWS
+                    // into a transposed V cache)
+                    let row = ids.row([i1, i2, i3]);
+                    let ok = match l.type_size {
+                        8 => push_checked(&mut out, row, rows, |b: [u8; 8]| i64::from_le_bytes(b)),
+                        _ => push_checked(&mut out, row, rows, |b: [u8; 4]| {
+                            i64::from(i32::from_le_bytes(b))
+                        }),
+                    };
+                    if !ok {
+                        return Err(Error::OutOfBounds(what));
+                    }
+                    continue;
+                }
                 for i0 in 0..l.ne[0] {
                     out.push(checked(ids.index_at([i0, i1, i2, i3]), rows, what)?);
                 }
@@ -36,6 +51,23 @@ fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec
         }
     }
     Ok(out)
+}
+
+/// Appends the ids of a packed row (`W`-byte little-endian integers read by `get`) to `out`;
+/// false if one is outside `0..rows`.
+fn push_checked<const W: usize>(
+    out: &mut Vec<usize>,
+    row: &[u8],
+    rows: usize,
+    get: impl Fn([u8; W]) -> i64,
+) -> bool {
+    let mut ok = true;
+    out.extend(row.chunks_exact(W).map(|b| {
+        let id = b.first_chunk::<W>().map_or(-1, |b| get(*b));
+        ok &= usize::try_from(id).is_ok_and(|id| id < rows);
+        id as usize
+    }));
+    ok
 }
 
 fn checked(id: i64, rows: usize, what: &'static str) -> Result<usize> {
