@@ -229,6 +229,31 @@ pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
     None
 }
 
+/// The AVX-512 VNNI tile kernel forced for any shape (even `RM`), for the throughput test;
+/// `None` where the CPU lacks it.
+#[cfg(test)]
+pub(super) fn dot_tile_zmm_variant<const RM: usize, const RN: usize>(
+    kind: Q0,
+    w: &[&[u8]; RM],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]; RM],
+) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if RM.is_multiple_of(2) && x86::has_avx512_vnni() {
+            // SAFETY: features checked; the caller passes rows of equal blocks; RM even.
+            unsafe {
+                match kind {
+                    Q0::Q4_0 => x86::dot_tile_zmm::<RM, RN, false>(w, y, out),
+                    Q0::Q8_0 => x86::dot_tile_zmm::<RM, RN, true>(w, y, out),
+                }
+            }
+            return Some(());
+        }
+    }
+    None
+}
+
 /// [`tiles::dot_rows`] after its checks: one kernel choice for all the rows.
 pub(super) fn dot_rows<const RN: usize>(
     kind: Q0,

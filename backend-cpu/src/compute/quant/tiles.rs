@@ -727,6 +727,69 @@ mod throughput {
                 "{kind:?} one row: 8x1 {:.2} GB/s",
                 (rows * rb) as f64 / 1e9 / tile8
             );
+            let z4 = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    let c = c / 64 * 64 + (c % 64) / 4;
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + 16 * i));
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let z8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            // the same, on 256 rows that stay in cache
+            let l2 = |f: &dyn Fn(&[&[u8]], &mut f32)| {
+                let t = (0..15)
+                    .map(|_| {
+                        let mut s = 0f32;
+                        let t = Instant::now();
+                        for _ in 0..100 {
+                            let rs: Vec<&[u8]> = (0..256).map(row).collect();
+                            f(&rs, &mut s);
+                        }
+                        std::hint::black_box(s);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min);
+                (100 * 256 * rb) as f64 / 1e9 / t
+            };
+            let l2_ymm = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    dot_tile(kind, &wr, &[yr[0]], &mut o).unwrap();
+                    *s += o[0][0];
+                }
+            });
+            let l2_z4 = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            let l2_z8 = l2(&|rs, s| {
+                for g in rs.chunks_exact(8) {
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            println!(
+                "{kind:?} one row: zmm 4x1 {:.2} GB/s, zmm 8x1 {:.2} GB/s; in cache: ymm 4x1 {l2_ymm:.2}, zmm 4x1 {l2_z4:.2}, zmm 8x1 {l2_z8:.2} GB/s",
+                (rows * rb) as f64 / 1e9 / z4,
+                (rows * rb) as f64 / 1e9 / z8
+            );
             let vd = best(&mut || {
                 for c in 0..rows {
                     sink += super::super::vec_dot(ty, k, row(c), &y8[..k / 32 * 34]).unwrap();
