@@ -785,6 +785,45 @@ mod throughput {
                     *s += o[0][0];
                 }
             });
+            let vl4 = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    let c = c / 64 * 64 + (c % 64) / 4;
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + 16 * i));
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let vl8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let l2_vl4 = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            let l2_vl8 = l2(&|rs, s| {
+                for g in rs.chunks_exact(8) {
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            println!(
+                "{kind:?} one row: vl 4x1 {:.2} GB/s, vl 8x1 {:.2}; in cache vl 4x1 {l2_vl4:.2}, vl 8x1 {l2_vl8:.2}",
+                (rows * rb) as f64 / 1e9 / vl4,
+                (rows * rb) as f64 / 1e9 / vl8
+            );
             println!(
                 "{kind:?} one row: zmm 4x1 {:.2} GB/s, zmm 8x1 {:.2} GB/s; in cache: ymm 4x1 {l2_ymm:.2}, zmm 4x1 {l2_z4:.2}, zmm 8x1 {l2_z8:.2} GB/s",
                 (rows * rb) as f64 / 1e9 / z4,
