@@ -164,9 +164,11 @@ avx2_or_portable! {
     vec_dot_q6_k_q8_k => x86::vec_dot_q6_k_q8_k, k_quants::vec_dot_q6_k_q8_k;
 }
 
-/// [`tiles::dot_tile`] after its length checks: the AVX-512 VNNI kernel for even `RM` and
-/// `RN > 1` where the CPU has AVX-512 VNNI, else the AVX-VNNI kernel where the CPU has
-/// AVX-VNNI, else the AVX2 one, else the portable one (all give the same bits).
+/// [`tiles::dot_tile`] after its length checks: where the CPU has AVX-512 VNNI the one-row
+/// EVEX kernel for `RM` a multiple of 4 and `RN == 1`, the 512-bit kernel for even `RM` and
+/// `RN > 1`; else the AVX-VNNI kernel where the CPU has AVX-VNNI, else the AVX2 one, else
+/// the portable one (all give the same bits). (The EVEX kernel with three activation rows
+/// was faster on weights in L1 but slower than the 512-bit one in MUL_MAT's L2 tiles.)
 pub(super) fn dot_tile<const RM: usize, const RN: usize>(
     kind: Q0,
     w: &[&[u8]; RM],
