@@ -163,6 +163,24 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// Weight rows `first..first + count` of matrix `(i2, i3)` as the tile kernels take them
+    /// (one slice, one stride: no slice per row to build).
+    fn tile_rows(
+        &self,
+        first: usize,
+        count: usize,
+        (i2, i3): (usize, usize),
+    ) -> Result<quant::StridedRows<'a>> {
+        let l = &self.view.layout;
+        let start = l.row_offset([first, i2, i3]);
+        let bytes = self
+            .view
+            .bytes
+            .get(start..)
+            .ok_or_else(|| internal("MUL_MAT weight rows out of range"))?;
+        quant::StridedRows::new(bytes, l.nb[1], l.row_bytes(), count)
+    }
+
     /// Widens weight rows `cols` of matrix `(i2, i3)` into `tile`, `k` values per row.
     fn widen(
         &self,
@@ -284,22 +302,19 @@ fn dot4(w: &[f32], y: &[f32]) -> [f32; 4] {
 
 /// Per-thread buffers of the tile loops.
 #[derive(Default)]
-struct Scratch<'w> {
+struct Scratch {
     /// Widened float weights, `k` per weight row of the tile.
     tile: Vec<f32>,
     /// One output row segment.
     out: Vec<f32>,
     /// The same, encoded.
     bytes: Vec<u8>,
-    /// F16 tile kernel: the tile's weight rows ...
-    rows: Vec<&'w [u8]>,
-    /// ... and (also the Q4_0 / Q8_0 tile kernels) the results per weight row, for three
-    /// activation rows or one.
+    /// Tile kernels: the results per weight row, for three activation rows or one.
     out3: Vec<[f32; KERNEL_ROWS]>,
     out1: Vec<[f32; 1]>,
 }
 
-impl Scratch<'_> {
+impl Scratch {
     /// Sizes the buffers for tiles `width` weight rows wide (`k` widened values each).
     fn size(&mut self, width: usize, k: usize) {
         self.tile.resize(width * k, 0.0);
@@ -418,7 +433,7 @@ fn tiled_part<'w>(
     x: &SrcView<'_>,
     (r2, r3): (usize, usize),
     layout: &Layout,
-    scratch: &mut Scratch<'w>,
+    scratch: &mut Scratch,
     part: &mut DstPart<'_>,
 ) -> Result<()> {
     let cols = part.cols();
@@ -431,8 +446,6 @@ fn tiled_part<'w>(
         rows.row(row)
             .ok_or_else(|| internal("MUL_MAT activation row out of range"))
     };
-    let wl = &weights.view.layout;
-    let row_bytes = wl.row_bytes();
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
@@ -442,14 +455,7 @@ fn tiled_part<'w>(
         let rows = match w {
             Some((m, rows)) if m == matrix => rows,
             _ => {
-                // the tile's weight rows, one stride apart from its first
-                let start = wl.row_offset([cols.start, matrix.0, matrix.1]);
-                let bytes = weights
-                    .view
-                    .bytes
-                    .get(start..)
-                    .ok_or_else(|| internal("MUL_MAT weight rows out of range"))?;
-                let rows = quant::StridedRows::new(bytes, wl.nb[1], row_bytes, width)?;
+                let rows = weights.tile_rows(cols.start, width, matrix)?;
                 w = Some((matrix, rows));
                 rows
             }
@@ -507,7 +513,7 @@ fn f16_part<'w>(
     x: &SrcView<'_>,
     (r2, r3): (usize, usize),
     layout: &Layout,
-    scratch: &mut Scratch<'w>,
+    scratch: &mut Scratch,
     part: &mut DstPart<'_>,
 ) -> Result<()> {
     let cols = part.cols();
@@ -520,21 +526,20 @@ fn f16_part<'w>(
             .get(row * k..(row + 1) * k)
             .ok_or_else(|| internal("MUL_MAT activation row out of range"))
     };
-    let w = &mut scratch.rows;
-    let mut w_matrix = None;
+    let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
     while r < dst_rows.end {
         let [_, i2, i3] = layout.row_index(r);
         let matrix = (i2 / r2, i3 / r3);
-        if w_matrix != Some(matrix) {
-            w.clear();
-            w.extend(
-                cols.clone()
-                    .map(|c| weights.view.row([c, matrix.0, matrix.1])),
-            );
-            w_matrix = Some(matrix);
-        }
+        let rows = match w {
+            Some((m, rows)) if m == matrix => rows,
+            _ => {
+                let rows = weights.tile_rows(cols.start, width, matrix)?;
+                w = Some((matrix, rows));
+                rows
+            }
+        };
         let same = (0..KERNEL_ROWS).all(|n| {
             r + n < dst_rows.end && {
                 let [_, j2, j3] = layout.row_index(r + n);
@@ -548,7 +553,7 @@ fn f16_part<'w>(
             }
             let out3 = &mut scratch.out3;
             out3.resize(width, [0.0; KERNEL_ROWS]);
-            quant::dot_f16_rows(w, &y, out3)?;
+            quant::dot_f16_rows(rows, &y, out3)?;
             for (c, o) in out3.iter().enumerate() {
                 for (j, &v) in o.iter().enumerate() {
                     scratch.out[j * width + c] = v;
@@ -558,7 +563,7 @@ fn f16_part<'w>(
         } else {
             let out1 = &mut scratch.out1;
             out1.resize(width, [0.0]);
-            quant::dot_f16_rows(w, &[activation(r)?], out1)?;
+            quant::dot_f16_rows(rows, &[activation(r)?], out1)?;
             for (o, v) in scratch.out.iter_mut().zip(out1.iter()) {
                 *o = v[0];
             }

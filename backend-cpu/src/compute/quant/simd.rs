@@ -372,7 +372,11 @@ pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
 
 /// [`tiles::dot_f16_rows`] after its checks (every row of `w` twice as many bytes as each
 /// row of `y` has values, `out` as long as `w`).
-pub(super) fn dot_f16_rows<const RN: usize>(w: &[&[u8]], y: &[&[f32]; RN], out: &mut [[f32; RN]]) {
+pub(super) fn dot_f16_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[f32]; RN],
+    out: &mut [[f32; RN]],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         let n = y.first().map_or(0, |r| r.len());
@@ -383,9 +387,9 @@ pub(super) fn dot_f16_rows<const RN: usize>(w: &[&[u8]], y: &[&[f32]; RN], out: 
             return;
         }
     }
-    for (x, o) in w.iter().zip(out) {
+    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
         for (o, y) in o.iter_mut().zip(y) {
-            *o = tiles::dot_f16_f32_portable(x, y);
+            *o = tiles::dot_f16_f32_portable(w.row(n), y);
         }
     }
 }
@@ -1414,31 +1418,29 @@ mod x86 {
         }
     }
 
-    /// `tiles::dot_f16_rows`: [`dot_f16_tile_zmm`] on groups of four consecutive weight rows,
-    /// then on the rest one by one.
+    /// `tiles::dot_f16_rows`: [`dot_f16_tile_zmm`] on the groups of `tiles::dot_rows`, then
+    /// on the rest one by one.
     ///
     /// # Safety
     /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
     /// row of `w` of twice that many bytes; `out` as long as `w`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn dot_f16_rows_zmm<const RN: usize>(
-        w: &[&[u8]],
+        w: StridedRows<'_>,
         y: &[&[f32]; RN],
         out: &mut [[f32; RN]],
     ) {
         let steps = y.first().map_or(0, |r| r.len()) / 32;
         let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
-        let mut groups = w.chunks_exact(4);
-        let mut outs = out.chunks_exact_mut(4);
-        for (g, o) in (&mut groups).zip(&mut outs) {
-            if let Some(o) = o.first_chunk_mut::<4>() {
-                let wp: [*const u8; 4] = std::array::from_fn(|i| g[i].as_ptr());
-                dot_f16_tile_zmm::<4, RN>(wp, yp, steps, o);
-            }
-        }
-        for (g, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-            dot_f16_tile_zmm::<1, RN>([g.as_ptr()], yp, steps, std::array::from_mut(o));
-        }
+        tiles::for_each_group(
+            w,
+            out,
+            // SAFETY: the caller's guarantees, row by row.
+            |g, o| unsafe { dot_f16_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
+            |r, o| unsafe {
+                dot_f16_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
+            },
+        );
     }
 
     /// One Q8_0 (`Q8`) or Q4_0 row times a Q8_0 row (whole blocks of both, as far as the

@@ -287,19 +287,19 @@ pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
 }
 
 /// `out[n][j]` = the F16 dot product ([`super::vec_dot`] with F16 weights) of F16 weight
-/// row `w[n]` with activation row `y[j]`, given as the f32 values of an F16 row (exact
+/// row `w.row(n)` with activation row `y[j]`, given as the f32 values of an F16 row (exact
 /// widenings of F16 values; the caller widens each activation row once rather than once per
 /// weight row). Weight rows go four at a time through a register-blocked kernel where the CPU
 /// has one (AVX-512), which keeps `vec_dot`'s 32 lanes, multiply-then-add and reduction per
-/// output, so every result has `vec_dot`'s bits whatever the grouping.
+/// output, so every result has `vec_dot`'s bits whatever the grouping (that of
+/// [`dot_rows`]).
 pub fn dot_f16_rows<const RN: usize>(
-    w: &[&[u8]],
+    w: StridedRows<'_>,
     y: &[&[f32]; RN],
     out: &mut [[f32; RN]],
 ) -> Result<()> {
     let n = y.first().map_or(0, |r| r.len());
-    if y.iter().any(|r| r.len() != n) || w.iter().any(|r| r.len() != 2 * n) || out.len() != w.len()
-    {
+    if y.iter().any(|r| r.len() != n) || w.len != 2 * n || out.len() != w.count {
         return Err(Error::Backend("F16 rows of different lengths".into()));
     }
     super::simd::dot_f16_rows(w, y, out);
@@ -598,11 +598,13 @@ mod tests {
                 })
                 .collect();
             let wr: Vec<&[u8]> = w.iter().map(|r| &r[..]).collect();
+            let flat: Vec<u8> = w.concat();
+            let sw = StridedRows::new(&flat, 2 * len, 2 * len, 7).unwrap();
             let yr: [&[f32]; 3] = std::array::from_fn(|j| &widened[j][..]);
             let mut out = vec![[0f32; 3]; 7];
-            dot_f16_rows(&wr, &yr, &mut out).unwrap();
+            dot_f16_rows(sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
-            dot_f16_rows(&wr, &[yr[1]], &mut one).unwrap();
+            dot_f16_rows(sw, &[yr[1]], &mut one).unwrap();
             let float = super::super::float::vec_dot_f16;
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
@@ -613,7 +615,7 @@ mod tests {
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
             }
-            assert!(dot_f16_rows(&wr, &yr, &mut out[..6]).is_err());
+            assert!(dot_f16_rows(sw, &yr, &mut out[..6]).is_err());
         }
     }
 
