@@ -58,7 +58,9 @@ mod tests;
 // Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
 mod tiles;
 
-pub use tiles::{dot_f16_rows, dot_f16_rows_fast, dot_f16_x2, dot_rows, Q8Rows, StridedRows, Q0};
+pub use tiles::{
+    dot_f16_rows, dot_f16_rows_fast, dot_f16_x2, dot_rows, dot_rows_wide, Q8Rows, StridedRows, Q0,
+};
 
 use proto_core::{Error, Result};
 

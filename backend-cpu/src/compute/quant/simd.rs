@@ -300,6 +300,18 @@ pub(super) fn dot_tile_vl1_variant<const RM: usize>(
     None
 }
 
+/// Whether the CPU has the AVX-512 VNNI tile kernels.
+pub(super) fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::has_avx512_vnni()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// [`tiles::dot_rows`] after its checks: one kernel choice for all the rows.
 pub(super) fn dot_rows<const RN: usize>(
     kind: Q0,

@@ -254,6 +254,12 @@ pub fn dot_rows<const RN: usize>(
     Ok(())
 }
 
+/// Whether [`dot_rows`] is better called with four activation rows than three on this CPU
+/// (its AVX-512 kernel has the registers for four; the AVX2 ones do not).
+pub fn dot_rows_wide() -> bool {
+    super::simd::has_avx512_vnni()
+}
+
 /// Runs `tile` on the groups of [`dot_rows`] (four rows a quarter apart, then the rest one
 /// by one), each with its weight rows and the outputs it fills.
 #[inline(always)]
@@ -482,7 +488,9 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for kind in [Q0::Q4_0, Q0::Q8_0] {
             for blocks in [1, 2, 3, 7, 24] {
+                check::<4, 4>(&mut rng, kind, blocks);
                 check::<4, 3>(&mut rng, kind, blocks);
+                check::<1, 4>(&mut rng, kind, blocks);
                 check::<4, 1>(&mut rng, kind, blocks);
                 check::<1, 3>(&mut rng, kind, blocks);
                 check::<1, 1>(&mut rng, kind, blocks);
@@ -517,12 +525,17 @@ mod tests {
             dot_rows(kind, sw, &y, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
             dot_rows(kind, sw, &[y[2]], &mut one).unwrap();
+            let mut four = vec![[0f32; 4]; 7];
+            dot_rows(kind, sw, &[y[1], y[0], y[2], y[1]], &mut four).unwrap();
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let yb = &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
                     assert_eq!(o.to_bits(), vec_dot_portable(kind, x, yb).to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][2].to_bits());
+                let four_bits = four[n].map(f32::to_bits);
+                let want = [out[n][1], out[n][0], out[n][2], out[n][1]].map(f32::to_bits);
+                assert_eq!(four_bits, want);
             }
             assert!(dot_rows(kind, sw, &y, &mut out[..6]).is_err());
         }
