@@ -64,6 +64,14 @@ pub use tiles::{
 
 use proto_core::{Error, Result};
 
+/// `v[i] = v[i].exp()` for every element, bit for bit, vectorized where the CPU and the
+/// platform's `expf` allow (module `simd`): for kernels that take an exponential per element
+/// (GLU's SWIGLU; in SOFT_MAX most entries are masked, and gathering the others cost more
+/// than it saved, measured).
+pub fn exp_in_place(v: &mut [f32]) {
+    simd::exp_in_place(v);
+}
+
 /// ggml type ids of the formats handled here (`enum ggml_type`).
 pub mod ty {
     /// `GGML_TYPE_F32`.

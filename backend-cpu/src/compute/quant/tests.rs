@@ -2050,3 +2050,52 @@ fn every_type_with_a_vec_dot_type_has_a_row_dot_kernel() {
         }
     }
 }
+
+/// `exp_in_place` gives `f32::exp`'s bits (vectorized or not), over a sweep of the floats
+/// of every exponent and sign, and in short slices (the tail).
+#[test]
+fn exp_in_place_matches_f32_exp() {
+    let mut x: Vec<f32> = (0..=u32::MAX)
+        .step_by(4093)
+        .map(f32::from_bits)
+        .chain([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            88.0,
+            -88.0,
+        ])
+        .collect();
+    let want: Vec<u32> = x.iter().map(|v| v.exp().to_bits()).collect();
+    super::exp_in_place(&mut x);
+    for (got, want) in x.iter().zip(&want) {
+        assert_eq!(got.to_bits(), *want);
+    }
+    // (whether the vectorized path ran: `--nocapture`)
+    println!("exp vectorized: {}", simd::exp_vectorized());
+    let mut short = [1.5f32, -2.25, 10.0];
+    super::exp_in_place(&mut short);
+    assert_eq!(
+        short.map(f32::to_bits),
+        [1.5f32, -2.25, 10.0].map(|v| v.exp().to_bits())
+    );
+}
+
+/// Every float: `cargo test --release -p backend-cpu exp_everywhere -- --ignored`.
+#[test]
+#[ignore]
+fn exp_in_place_matches_f32_exp_everywhere() {
+    let mut chunk = vec![0f32; 1 << 20];
+    for start in (0..=u32::MAX).step_by(1 << 20) {
+        for (i, v) in chunk.iter_mut().enumerate() {
+            *v = f32::from_bits(start + i as u32);
+        }
+        super::exp_in_place(&mut chunk);
+        for (i, v) in chunk.iter().enumerate() {
+            let x = f32::from_bits(start + i as u32);
+            assert_eq!(v.to_bits(), x.exp().to_bits(), "{x:e}");
+        }
+    }
+}
