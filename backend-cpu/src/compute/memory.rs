@@ -346,11 +346,35 @@ impl DstPart<'_> {
     /// The byte offset of element (`col`, `row`) and the number of blocks that `len` bytes
     /// starting there cover, after checking that they all lie in the tile.
     fn locate(&self, row: usize, col: usize, len: usize) -> Result<(usize, usize)> {
+        self.locate_at(self.layout.row_index(row), row, col, len)
+    }
+
+    /// [`DstPart::locate`] for row `row` whose index is `idx` (the caller's: row `row` is
+    /// `idx` only if the two agree, which `write_at` checks).
+    #[inline]
+    fn locate_at(
+        &self,
+        idx: [usize; 3],
+        row: usize,
+        col: usize,
+        len: usize,
+    ) -> Result<(usize, usize)> {
         let l = &self.layout;
-        let units = len / l.type_size;
+        // Plain types (one element per block, 2 or 4 bytes) are nearly every write: those
+        // sizes divide without a division instruction, which would cost more than the rest of
+        // a short row's write.
+        let (units, whole) = match l.type_size {
+            4 => (len >> 2, len & 3 == 0),
+            2 => (len >> 1, len & 1 == 0),
+            size => (len / size, len.is_multiple_of(size)),
+        };
+        let (block_col, aligned) = match l.block {
+            1 => (col, true),
+            block => (col / block, col.is_multiple_of(block)),
+        };
         let fits = self.rows.contains(&row)
-            && col.is_multiple_of(l.block)
-            && len.is_multiple_of(l.type_size)
+            && aligned
+            && whole
             && col >= self.cols.start
             && units
                 .checked_mul(l.block)
@@ -362,19 +386,99 @@ impl DstPart<'_> {
                 self.rows, self.cols
             )));
         }
-        let offset = l.row_offset(l.row_index(row)) + col / l.block * l.nb[0];
+        let offset = l.row_offset(idx) + block_col * l.nb[0];
         Ok((offset, units))
+    }
+
+    /// [`DstPart::write`] into the row of index `idx` (`(i1, i2, i3)`), which the caller
+    /// knows: no division to find it from the flat row number.
+    pub(crate) fn write_at(&mut self, idx: [usize; 3], col: usize, bytes: &[u8]) -> Result<()> {
+        let l = &self.layout;
+        // each index inside its dimension, so that the flat row number names this row and
+        // the tile check below covers it
+        if idx[0] >= l.ne[1] || idx[1] >= l.ne[2] || idx[2] >= l.ne[3] {
+            return Err(Error::Backend(format!(
+                "CPU compute engine: row index {idx:?} outside the destination"
+            )));
+        }
+        let row = l.row_number(idx);
+        let (offset, units) = self.locate_at(idx, row, col, bytes.len())?;
+        // SAFETY: `locate_at` checked the run for these bytes.
+        unsafe { self.store(offset, units, bytes) };
+        Ok(())
+    }
+
+    /// Writes whole rows into plane `(i2, i3)`: `bytes` holds `ids.len()` packed rows, the
+    /// `n`th going to row `(ids[n], i2, i3)` (a later one over an earlier one with the same
+    /// id). The tile is checked once for the plane, each id against the rows: a scatter of
+    /// many short rows (SET_ROWS) without a full check per row.
+    pub(crate) fn write_plane_rows(
+        &mut self,
+        [i2, i3]: [usize; 2],
+        ids: &[usize],
+        bytes: &[u8],
+    ) -> Result<()> {
+        let l = self.layout;
+        let row_bytes = l.row_bytes();
+        let first = l.row_number([0, i2, i3]);
+        let whole = i2 < l.ne[2]
+            && i3 < l.ne[3]
+            && self.rows.start <= first
+            && first + l.ne[1] <= self.rows.end
+            && self.cols == (0..l.ne[0])
+            && bytes.len() == ids.len() * row_bytes;
+        if !whole {
+            return Err(Error::Backend(format!(
+                "CPU compute engine: rows of plane ({i2}, {i3}) outside the part {:?}x{:?}",
+                self.rows, self.cols
+            )));
+        }
+        let units = l.ne[0] / l.block;
+        for (&id, row) in ids.iter().zip(bytes.chunks_exact(row_bytes.max(1))) {
+            if id >= l.ne[1] {
+                return Err(Error::Backend(format!(
+                    "CPU compute engine: row {id} outside the destination's {} rows",
+                    l.ne[1]
+                )));
+            }
+            // SAFETY: row `(id, i2, i3)` lies in this part's tile (all of the plane's rows and
+            // columns do, checked above), and `row` is one packed row of `units` blocks: the
+            // run that `locate` would return for it.
+            unsafe { self.store(l.row_offset([id, i2, i3]), units, row) };
+        }
+        Ok(())
     }
 
     /// Writes packed elements (whole blocks) into row `row` starting at column `col`.
     pub(crate) fn write(&mut self, row: usize, col: usize, bytes: &[u8]) -> Result<()> {
         let (offset, units) = self.locate(row, col, bytes.len())?;
+        // SAFETY: `locate` checked the run for these bytes.
+        unsafe { self.store(offset, units, bytes) };
+        Ok(())
+    }
+
+    /// Copies `units` blocks of `bytes` to `offset` at the layout's block stride.
+    ///
+    /// # Safety
+    /// `(offset, units)` must be what [`DstPart::locate`] (or `locate_at`) returned for
+    /// `bytes.len()`: the run then lies in this part's tile.
+    #[inline]
+    unsafe fn store(&mut self, offset: usize, units: usize, bytes: &[u8]) {
         let (size, stride) = (self.layout.type_size, self.layout.nb[0]);
         if stride == size {
-            // SAFETY: `locate` checked that the run lies in this part's tile, so its bytes lie
-            // in the destination's checked extent (point 2) and no other part touches them
-            // (point 4); `bytes` is caller memory, not the destination.
-            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(offset), bytes.len()) };
+            let (src, dst) = (bytes.as_ptr(), self.base.wrapping_add(offset));
+            // SAFETY: the caller passes a run that `locate` checked to lie in this part's tile,
+            // so its bytes lie in the destination's checked extent (point 2) and no other part
+            // touches them (point 4); `bytes` is caller memory, not the destination. (One
+            // element of 2 or 4 bytes, as SET_ROWS writes into a transposed V cache, is
+            // copied inline rather than through a call of `memcpy`.)
+            unsafe {
+                match bytes.len() {
+                    2 => ptr::copy_nonoverlapping(src, dst, 2),
+                    4 => ptr::copy_nonoverlapping(src, dst, 4),
+                    len => ptr::copy_nonoverlapping(src, dst, len),
+                }
+            };
         } else {
             for (u, unit) in bytes.chunks_exact(size).enumerate().take(units) {
                 // SAFETY: as above, element by element at the layout's stride.
@@ -387,7 +491,6 @@ impl DstPart<'_> {
                 };
             }
         }
-        Ok(())
     }
 
     /// Reads packed elements of row `row` starting at column `col` into `out` (the current

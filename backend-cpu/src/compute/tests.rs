@@ -834,6 +834,32 @@ fn set_rows_with_i64_and_i32_ids_into_float_and_quantized_rows() {
     }
 }
 
+/// One-element rows (a transposed V cache: each value its own row), per plane, the ids
+/// broadcast over dimension 2: each value lands at its id, converted, the rest untouched.
+#[test]
+fn set_rows_of_one_element_rows_like_a_transposed_v_cache() {
+    let mut rng = Rng::new(8);
+    for dst_type in [ty::F16, ty::F32, ty::BF16] {
+        let src_ne = [1, 5, 2, 1];
+        let values = rng.values(10, 4.0);
+        let ids: Vec<i64> = vec![7, 0, 3, 6, 1];
+        let mut g = G::new();
+        let a = g.input(ty::F32, src_ne, &values);
+        let idx = g.ids(I64, [5, 1, 1, 1], &ids);
+        let cache = g.zeros(dst_type, [1, 8, 2, 1]);
+        let set = g.node_into(Op::SET_ROWS, cache, &[a, idx], &[]);
+        let out = g.run(2).unwrap();
+        let mut want = vec![0.0f64; 16];
+        for i2 in 0..2 {
+            for (i, &id) in ids.iter().enumerate() {
+                let v = stored(dst_type, &[values[at(src_ne, [0, i, i2, 0])]])[0];
+                want[at([1, 8, 2, 1], [0, id as usize, i2, 0])] = f64::from(v);
+            }
+        }
+        assert_close(&g.read(&out, set), &want, 0.0, &format!("-> {dst_type}"));
+    }
+}
+
 #[test]
 fn set_rows_with_an_out_of_range_id_writes_nothing() {
     let mut g = G::new();

@@ -260,8 +260,12 @@ pub(crate) fn encode(scalar: Scalar, src: &[f32], out: &mut [u8]) {
             }
         }
         Scalar::F16 => {
-            for (c, v) in out.chunks_exact_mut(2).zip(src) {
-                c.copy_from_slice(&f32_to_f16(*v).to_le_bytes());
+            // the quant module's vectorized conversion (F16C where the CPU has it) rounds as
+            // `f32_to_f16` does; element by element only if it refuses the lengths
+            if quant::quantize_row(ty::F16, src, out).is_err() {
+                for (c, v) in out.chunks_exact_mut(2).zip(src) {
+                    c.copy_from_slice(&f32_to_f16(*v).to_le_bytes());
+                }
             }
         }
         Scalar::Bf16 => {

@@ -11,10 +11,11 @@ use proto_core::Result;
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::plan::GluParams;
+use crate::compute::quant;
 use crate::compute::view::encode;
 use proto_core::ggml::GluOp;
 
-use super::unary::{gelu, gelu_erf, gelu_quick, silu};
+use super::unary::{gelu, gelu_erf, gelu_quick};
 use super::{dst_scalar, Node};
 
 /// `std::min(a, b)`: `b < a ? b : a`.
@@ -51,7 +52,15 @@ fn gate(params: GluParams, x: &[f32], g: &[f32], y: &mut [f32]) {
                 gelu(x) * g
             }
         }),
-        GluOp::SWIGLU => it.for_each(|(y, (&x, &g))| *y = silu(x) * g),
+        GluOp::SWIGLU => {
+            // `silu(x) * g` = `x / (1 + exp(-x)) * g`, the exponentials of the row together
+            // (the same bits as `silu`'s one by one)
+            y.iter_mut().zip(x).for_each(|(y, &x)| *y = -x);
+            quant::exp_in_place(y);
+            y.iter_mut()
+                .zip(x.iter().zip(g))
+                .for_each(|(y, (&x, &g))| *y = x / (1.0 + *y) * g);
+        }
         GluOp::SWIGLU_OAI => {
             let (alpha, limit) = (params.alpha, params.limit);
             it.for_each(|(y, (&x, &g))| {
@@ -94,7 +103,7 @@ pub(super) fn glu(node: &Node<'_>, mut dst: Dst<'_>, params: GluParams) -> Resul
             };
             gate(params, x, g, &mut y);
             encode(scalar, &y, &mut bytes);
-            part.write(r, 0, &bytes)?;
+            part.write_at(idx, 0, &bytes)?;
         }
         Ok(())
     })

@@ -169,7 +169,7 @@ pub(super) fn map_rows<S>(
                 f(state, &part, idx, x, y)?;
                 bytes.resize(ne0 * scalar.size(), 0);
                 encode(scalar, y, bytes);
-                part.write(r, 0, bytes)?;
+                part.write_at(idx, 0, bytes)?;
             }
             Ok(())
         },

@@ -17,7 +17,8 @@
 use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
-use crate::compute::view::{encode_row, internal, SrcView};
+use crate::compute::view::{encode_row, internal, Scalar, SrcView};
+use proto_core::ggml::types::id as ty;
 
 use super::Node;
 
@@ -28,6 +29,21 @@ fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec
     for i3 in 0..l.ne[3] {
         for i2 in 0..l.ne[2] {
             for i1 in 0..l.ne[1] {
+                if l.dense_rows() {
+                    // a packed row of ids read in one pass (thousands of them in SET_ROWS
+                    // into a transposed V cache)
+                    let row = ids.row([i1, i2, i3]);
+                    let ok = match l.type_size {
+                        8 => push_checked(&mut out, row, rows, |b: [u8; 8]| i64::from_le_bytes(b)),
+                        _ => push_checked(&mut out, row, rows, |b: [u8; 4]| {
+                            i64::from(i32::from_le_bytes(b))
+                        }),
+                    };
+                    if !ok {
+                        return Err(Error::OutOfBounds(what));
+                    }
+                    continue;
+                }
                 for i0 in 0..l.ne[0] {
                     out.push(checked(ids.index_at([i0, i1, i2, i3]), rows, what)?);
                 }
@@ -35,6 +51,23 @@ fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec
         }
     }
     Ok(out)
+}
+
+/// Appends the ids of a packed row (`W`-byte little-endian integers read by `get`) to `out`;
+/// false if one is outside `0..rows`.
+fn push_checked<const W: usize>(
+    out: &mut Vec<usize>,
+    row: &[u8],
+    rows: usize,
+    get: impl Fn([u8; W]) -> i64,
+) -> bool {
+    let mut ok = true;
+    out.extend(row.chunks_exact(W).map(|b| {
+        let id = b.first_chunk::<W>().map_or(-1, |b| get(*b));
+        ok &= usize::try_from(id).is_ok_and(|id| id < rows);
+        id as usize
+    }));
+    ok
 }
 
 fn checked(id: i64, rows: usize, what: &'static str) -> Result<usize> {
@@ -84,6 +117,21 @@ pub(super) fn get_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     })
 }
 
+/// Plane `(i2, i3)` of `a` as f32 values, every row in order, where it is one aligned run of
+/// little-endian F32 (and `scalar`, the destination type converting element by element).
+/// SET_ROWS into a transposed V cache has one-element rows: converting them one by one
+/// costs far more than the conversion itself.
+fn whole_plane<'a>(a: &SrcView<'a>, [i2, i3]: [usize; 2], scalar: bool) -> Option<&'a [f32]> {
+    let l = &a.layout;
+    let packed = l.type_id == ty::F32 && l.nb[0] == 4 && (l.ne[1] == 1 || l.nb[1] == 4 * l.ne[0]);
+    if !scalar || !packed || !cfg!(target_endian = "little") {
+        return None;
+    }
+    let start = l.row_offset([0, i2, i3]);
+    let bytes = a.bytes.get(start..start + 4 * l.ne[0] * l.ne[1])?;
+    bytemuck::try_cast_slice(bytes).ok()
+}
+
 pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let (a, ids) = (node.view(0)?, node.view(1)?);
     let layout = *dst.layout();
@@ -92,8 +140,11 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         return Ok(());
     }
     let ne1 = layout.ne[1];
-    checked_ids(&ids, ne1, SET_ROWS_ID)?;
+    // checked once here; the kernel takes them from this flat copy
+    let flat = checked_ids(&ids, ne1, SET_ROWS_ID)?;
     let il = ids.layout;
+    // element-wise conversions (plain destination types) may take a plane at once
+    let scalar = Scalar::float(layout.type_id).is_some();
     let planes = layout.ne[2] * layout.ne[3];
     let chunk = node.pool.chunk(planes, al.ne[1] * al.ne[0]) * ne1;
     let parts = dst.split_rows(chunk);
@@ -106,15 +157,23 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         let mut bytes = Vec::new();
         for plane in rows.start / ne1..rows.end / ne1 {
             let (i02, i03) = (plane % layout.ne[2], plane / layout.ne[2]);
-            for i in 0..al.ne[1] {
-                let id = checked(
-                    ids.index_at([i, i02 % il.ne[1], i03 % il.ne[2], 0]),
-                    ne1,
-                    SET_ROWS_ID,
-                )?;
+            // the ids of this plane: `ids[i, i02 % ne11, i03 % ne12]` for every `i`, in the
+            // flat (row-major) order of `checked_ids`
+            let first = il.ne[0] * (i02 % il.ne[1] + il.ne[1] * (i03 % il.ne[2]));
+            let plane_ids = flat
+                .get(first..first + al.ne[1])
+                .ok_or_else(|| internal("SET_ROWS ids shorter than the source rows"))?;
+            if let Some(plane) = whole_plane(&a, [i02, i03], scalar) {
+                // the plane's rows are one run of f32s: converted in one call (what each row's
+                // conversion gives, the types being plain), then written row by row
+                encode_row(layout.type_id, plane, &mut bytes)?;
+                part.write_plane_rows([i02, i03], plane_ids, &bytes)?;
+                continue;
+            }
+            for (i, &id) in plane_ids.iter().enumerate() {
                 a.load_f32([i, i02, i03], &mut values)?;
                 encode_row(layout.type_id, &values, &mut bytes)?;
-                part.write(layout.row_number([id, i02, i03]), 0, &bytes)?;
+                part.write_at([id, i02, i03], 0, &bytes)?;
             }
         }
         Ok(())

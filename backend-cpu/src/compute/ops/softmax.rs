@@ -35,13 +35,21 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
                     .zip(mask_row.iter())
                     .for_each(|(w, &m)| *w += slope * m);
             }
-            let mut max = y.iter().fold(f32::NEG_INFINITY, |m, &w| c_max(m, w));
+            let mut max = row_max(y);
             let sink = sinks.as_ref().map(|s| s.value([i2, 0, 0, 0]));
             if let Some(sink) = sink {
                 max = c_max(max, sink);
             }
             let mut sum = 0.0f64;
             for w in y.iter_mut() {
+                if *w == f32::NEG_INFINITY && max > f32::NEG_INFINITY {
+                    // a masked entry: exp(-inf - max) is +0 for any max but -inf or NaN (where
+                    // ggml's NaN must come out), and adding +0 leaves the sum (never -0) as it
+                    // is. Most entries are masked (the KV cache's unused cells, the causal
+                    // mask), and expf is the cost of this op.
+                    *w = 0.0;
+                    continue;
+                }
                 *w = (*w - max).exp();
                 sum += f64::from(*w);
             }
@@ -53,6 +61,28 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
             Ok(())
         },
     )
+}
+
+/// `fold(-inf, c_max)` over `w` in order, as ggml's `ggml_vec_max_f32` scans. Without NaNs
+/// the result is the largest value whatever the order (up to the sign of a zero maximum,
+/// which no later step can tell: `x - 0` and `x + 0` are equal for every `x` but zeros, and
+/// `exp(±0)` is 1), so it is taken in eight lanes, which vectorize; a row with a NaN is
+/// scanned in order, where a NaN is kept only when nothing after it compares.
+fn row_max(w: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    if w.iter().any(|v| v.is_nan()) {
+        return w.iter().fold(f32::NEG_INFINITY, |m, &v| c_max(m, v));
+    }
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = w.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = c_max(*m, v);
+        }
+    }
+    let max = lanes.into_iter().fold(f32::NEG_INFINITY, c_max);
+    tail.iter().fold(max, |m, &v| c_max(m, v))
 }
 
 pub(super) fn diag_mask(node: &Node<'_>, dst: Dst<'_>, n_past: usize, value: f32) -> Result<()> {
@@ -73,4 +103,38 @@ pub(super) fn diag_mask(node: &Node<'_>, dst: Dst<'_>, n_past: usize, value: f32
             Ok(())
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lane maximum is the in-order scan's value (zeros compare equal whatever their
+    /// sign), and its bits where a NaN forces the scan.
+    #[test]
+    fn row_max_matches_the_ordered_scan() {
+        let inf = f32::INFINITY;
+        let rows: [&[f32]; 7] = [
+            &[],
+            &[-inf; 13],
+            &[
+                1.0, -2.0, 3.5, 0.25, -inf, 7.0, 2.0, -1.0, 6.5, 0.0, -0.0, 3.0,
+            ],
+            &[-0.0, 0.0, -0.0, -inf, -0.0, 0.0, -0.0, -0.0, 0.0, -5.0],
+            &[f32::NAN, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, -1.0],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, f32::NAN],
+            &[
+                -3.0, inf, 2.0, 1.0, 0.5, -inf, 4.0, 3.0, 2.5, 1.5, 9.0, -8.0, 1.0, 2.0, 3.0, 4.0,
+            ],
+        ];
+        for w in rows {
+            let scan = w.iter().fold(f32::NEG_INFINITY, |m, &v| c_max(m, v));
+            let got = row_max(w);
+            if w.iter().any(|v| v.is_nan()) {
+                assert_eq!(got.to_bits(), scan.to_bits(), "{w:?}");
+            } else {
+                assert_eq!(got, scan, "{w:?}");
+            }
+        }
+    }
 }

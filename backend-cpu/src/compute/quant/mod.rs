@@ -58,9 +58,19 @@ mod tests;
 // Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
 mod tiles;
 
-pub use tiles::{dot_f16_x2, dot_rows, Q8Rows, Q0};
+pub use tiles::{
+    dot_f16_rows, dot_f16_rows_fast, dot_f16_x2, dot_rows, dot_rows_wide, Q8Rows, StridedRows, Q0,
+};
 
 use proto_core::{Error, Result};
+
+/// `v[i] = v[i].exp()` for every element, bit for bit, vectorized where the CPU and the
+/// platform's `expf` allow (module `simd`): for kernels that take an exponential per element
+/// (GLU's SWIGLU; in SOFT_MAX most entries are masked, and gathering the others cost more
+/// than it saved, measured).
+pub fn exp_in_place(v: &mut [f32]) {
+    simd::exp_in_place(v);
+}
 
 /// ggml type ids of the formats handled here (`enum ggml_type`).
 pub mod ty {

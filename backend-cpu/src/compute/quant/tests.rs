@@ -1409,6 +1409,26 @@ fn quant_multiversioned_kernels_match_portable() {
     let mut src = rng.floats(n);
     src[5] = f32::NAN;
     src[300] = f32::INFINITY;
+    // blocks of zeros, of signed zeros and of halves (ties), one with a NaN only, one
+    // with huge and tiny values
+    src[32..64].fill(0.0);
+    src[64..96]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
+    src[96..128]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = i as f32 - 15.5);
+    src[128..160].fill(f32::NAN);
+    src[160..192]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 3 == 0 { 3e38 } else { 1e-30 * i as f32 });
+    src[192..224]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = -(i as f32) * 1e-6);
     for (t, fast, portable) in quants {
         let size = row_size(t, n).unwrap();
         let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
@@ -2027,6 +2047,55 @@ fn every_type_with_a_vec_dot_type_has_a_row_dot_kernel() {
                 row_dot_kernel(type_id).is_some(),
                 "type {type_id} has a vec_dot_type but no dot kernel"
             );
+        }
+    }
+}
+
+/// `exp_in_place` gives `f32::exp`'s bits (vectorized or not), over a sweep of the floats
+/// of every exponent and sign, and in short slices (the tail).
+#[test]
+fn exp_in_place_matches_f32_exp() {
+    let mut x: Vec<f32> = (0..=u32::MAX)
+        .step_by(4093)
+        .map(f32::from_bits)
+        .chain([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            88.0,
+            -88.0,
+        ])
+        .collect();
+    let want: Vec<u32> = x.iter().map(|v| v.exp().to_bits()).collect();
+    super::exp_in_place(&mut x);
+    for (got, want) in x.iter().zip(&want) {
+        assert_eq!(got.to_bits(), *want);
+    }
+    // (whether the vectorized path ran: `--nocapture`)
+    println!("exp vectorized: {}", simd::exp_vectorized());
+    let mut short = [1.5f32, -2.25, 10.0];
+    super::exp_in_place(&mut short);
+    assert_eq!(
+        short.map(f32::to_bits),
+        [1.5f32, -2.25, 10.0].map(|v| v.exp().to_bits())
+    );
+}
+
+/// Every float: `cargo test --release -p backend-cpu exp_everywhere -- --ignored`.
+#[test]
+#[ignore]
+fn exp_in_place_matches_f32_exp_everywhere() {
+    let mut chunk = vec![0f32; 1 << 20];
+    for start in (0..=u32::MAX).step_by(1 << 20) {
+        for (i, v) in chunk.iter_mut().enumerate() {
+            *v = f32::from_bits(start + i as u32);
+        }
+        super::exp_in_place(&mut chunk);
+        for (i, v) in chunk.iter().enumerate() {
+            let x = f32::from_bits(start + i as u32);
+            assert_eq!(v.to_bits(), x.exp().to_bits(), "{x:e}");
         }
     }
 }

@@ -100,17 +100,27 @@ impl Q8Rows {
             )));
         }
         let n = bytes.len() / Q8_0_BYTES;
-        let mut out = Vec::with_capacity(n * ROW_BLOCK_BYTES);
+        let mut out = vec![0u8; n * ROW_BLOCK_BYTES];
         let offset = kind.offset();
-        for b in bytes.chunks_exact(Q8_0_BYTES) {
-            out.extend_from_slice(&b[2..]);
-            for q in b[2..].chunks_exact(4) {
+        for (b, o) in bytes
+            .chunks_exact(Q8_0_BYTES)
+            .zip(out.chunks_exact_mut(ROW_BLOCK_BYTES))
+        {
+            let (Some(b), Some(o)) = (
+                b.first_chunk::<Q8_0_BYTES>(),
+                o.first_chunk_mut::<ROW_BLOCK_BYTES>(),
+            ) else {
+                break;
+            };
+            o[..QK32].copy_from_slice(&b[2..]);
+            for (l, q) in b[2..].chunks_exact(4).enumerate() {
                 let sum: i32 = q.iter().map(|&v| i32::from(v as i8)).sum();
-                out.extend_from_slice(&(-offset * sum).to_le_bytes());
+                o[ROW_BIAS + 4 * l..ROW_BIAS + 4 * l + 4]
+                    .copy_from_slice(&(-offset * sum).to_le_bytes());
             }
             let d = fp16(b[0], b[1]).to_le_bytes();
-            for _ in 0..BLOCK_LANES {
-                out.extend_from_slice(&d);
+            for l in 0..BLOCK_LANES {
+                o[ROW_SCALE + 4 * l..ROW_SCALE + 4 * l + 4].copy_from_slice(&d);
             }
         }
         Ok(Q8Rows {
@@ -172,13 +182,58 @@ pub fn dot_tile<const RM: usize, const RN: usize>(
     Ok(())
 }
 
-/// `out[n][j]` = the dot product of weight row `w[n]` (format `kind`) with activation row
-/// `y[j]`: [`dot_tile`] over `w` in groups of four consecutive rows (the rest one by one),
-/// with the checks and the kernel choice made once. The grouping does not change any result;
-/// a caller orders `w` to choose which rows the kernel reads together.
+/// Weight rows at a fixed stride in one byte slice: row `i` is the `len` bytes at
+/// `i * stride` (a tile of a weight matrix: no per-row slice to build).
+#[derive(Clone, Copy, Debug)]
+pub struct StridedRows<'a> {
+    bytes: &'a [u8],
+    stride: usize,
+    len: usize,
+    count: usize,
+}
+
+impl<'a> StridedRows<'a> {
+    /// `count` rows of `len` bytes, `stride` bytes apart from the start of `bytes`; fails
+    /// unless all of them lie in `bytes`.
+    pub fn new(bytes: &'a [u8], stride: usize, len: usize, count: usize) -> Result<Self> {
+        let end = match count.checked_sub(1) {
+            None => Some(0),
+            Some(last) => last.checked_mul(stride).and_then(|s| s.checked_add(len)),
+        };
+        if end.is_none_or(|end| end > bytes.len()) {
+            return Err(Error::Backend(
+                "tile kernels: weight rows outside their tensor".into(),
+            ));
+        }
+        Ok(StridedRows {
+            bytes,
+            stride,
+            len,
+            count,
+        })
+    }
+
+    /// Number of rows.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Row `i` (`i < count`; checked by the slice index).
+    #[inline(always)]
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        &self.bytes[i * self.stride..i * self.stride + self.len]
+    }
+}
+
+/// `out[n][j]` = the dot product of weight row `w.row(n)` (format `kind`) with activation row
+/// `y[j]`: [`dot_tile`] over groups of four rows a quarter of `w` apart (rows `q`,
+/// `q + c/4`, `q + 2c/4`, `q + 3c/4` of `c`; so that each of the four reads its own pages,
+/// as the hardware prefetchers follow one stream per page, not several interleaved ones),
+/// then the rest one by one, with the checks and the kernel choice made once. The grouping
+/// does not change any result.
 pub fn dot_rows<const RN: usize>(
     kind: Q0,
-    w: &[&[u8]],
+    w: StridedRows<'_>,
     y: &[Q8Row<'_>; RN],
     out: &mut [[f32; RN]],
 ) -> Result<()> {
@@ -189,14 +244,43 @@ pub fn dot_rows<const RN: usize>(
     let ok_y = y
         .iter()
         .all(|r| r.blocks == blocks && r.bytes.len() == blocks * ROW_BLOCK_BYTES);
-    let ok_w = w.iter().all(|r| r.len() >= blocks * kind.block_bytes());
-    if !ok_y || !ok_w || out.len() != w.len() {
+    let ok_w = w.len >= blocks * kind.block_bytes();
+    if !ok_y || !ok_w || out.len() != w.count {
         return Err(Error::Backend(
             "tile kernels: rows of different lengths".into(),
         ));
     }
     super::simd::dot_rows(kind, w, y, out);
     Ok(())
+}
+
+/// Whether [`dot_rows`] is better called with four activation rows than three on this CPU
+/// (its AVX-512 kernel has the registers for four; the AVX2 ones do not).
+pub fn dot_rows_wide() -> bool {
+    super::simd::has_avx512_vnni()
+}
+
+/// Runs `tile` on the groups of [`dot_rows`] (four rows a quarter apart, then the rest one
+/// by one), each with its weight rows and the outputs it fills.
+#[inline(always)]
+pub(super) fn for_each_group<const RN: usize>(
+    w: StridedRows<'_>,
+    out: &mut [[f32; RN]],
+    mut tile4: impl FnMut(&[&[u8]; 4], &mut [[f32; RN]; 4]),
+    mut tile1: impl FnMut(&[u8], &mut [f32; RN]),
+) {
+    let quarter = w.count / 4;
+    for q in 0..quarter {
+        let rows: [&[u8]; 4] = std::array::from_fn(|i| w.row(q + i * quarter));
+        let mut o = [[0f32; RN]; 4];
+        tile4(&rows, &mut o);
+        for (i, o) in o.into_iter().enumerate() {
+            out[q + i * quarter] = o;
+        }
+    }
+    for (n, o) in out.iter_mut().enumerate().take(w.count).skip(4 * quarter) {
+        tile1(w.row(n), o);
+    }
 }
 
 /// F16 rows `x[0]`, `x[1]` times F16 row `y` (all of one length): the two results of
@@ -206,6 +290,61 @@ pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
         return Err(Error::Backend("F16 rows of different lengths".into()));
     }
     Ok(super::simd::vec_dot_f16_x2(x, y))
+}
+
+/// `out[n][j]` = the F16 dot product ([`super::vec_dot`] with F16 weights) of F16 weight
+/// row `w.row(n)` with activation row `y[j]`, given as the f32 values of an F16 row (exact
+/// widenings of F16 values; the caller widens each activation row once rather than once per
+/// weight row). Weight rows go four at a time through a register-blocked kernel where the CPU
+/// has one (AVX-512), which keeps `vec_dot`'s 32 lanes, multiply-then-add and reduction per
+/// output, so every result has `vec_dot`'s bits whatever the grouping (that of
+/// [`dot_rows`]).
+pub fn dot_f16_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[f32]; RN],
+    out: &mut [[f32; RN]],
+) -> Result<()> {
+    let n = y.first().map_or(0, |r| r.len());
+    if y.iter().any(|r| r.len() != n) || w.len != 2 * n || out.len() != w.count {
+        return Err(Error::Backend("F16 rows of different lengths".into()));
+    }
+    super::simd::dot_f16_rows(w, y, out);
+    Ok(())
+}
+
+/// Whether [`dot_f16_rows`] has a register-blocked kernel on this CPU for rows of `n`
+/// elements (else it computes one product at a time, no faster than [`dot_f16_x2`]).
+pub fn dot_f16_rows_fast(n: usize) -> bool {
+    super::simd::dot_f16_rows_fast(n)
+}
+
+/// Portable [`dot_f16_rows`] for one pair: `float::vec_dot_f16` with the activation values
+/// already widened (the same lanes, products and sums, so the same bits).
+pub(super) fn dot_f16_f32_portable(x: &[u8], y: &[f32]) -> f32 {
+    use super::float::{get_f16, LANES};
+    let mut acc = [0f32; LANES];
+    let mut cx = x.chunks_exact(2 * LANES);
+    let mut cy = y.chunks_exact(LANES);
+    for (bx, by) in (&mut cx).zip(&mut cy) {
+        for (l, (b, &v)) in bx.chunks_exact(2).zip(by).enumerate() {
+            acc[l] += get_f16([b[0], b[1]]) * v;
+        }
+    }
+    // the tail into the first lanes, then the pairwise reduction of `float::finish_dot`
+    for (a, (b, &v)) in acc
+        .iter_mut()
+        .zip(cx.remainder().chunks_exact(2).zip(cy.remainder()))
+    {
+        *a += get_f16([b[0], b[1]]) * v;
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
 }
 
 /// The eight exact lane sums of weight block `xb` (format `kind`) with 32 quants `yq`.
@@ -349,7 +488,9 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for kind in [Q0::Q4_0, Q0::Q8_0] {
             for blocks in [1, 2, 3, 7, 24] {
+                check::<4, 4>(&mut rng, kind, blocks);
                 check::<4, 3>(&mut rng, kind, blocks);
+                check::<1, 4>(&mut rng, kind, blocks);
                 check::<4, 1>(&mut rng, kind, blocks);
                 check::<1, 3>(&mut rng, kind, blocks);
                 check::<1, 1>(&mut rng, kind, blocks);
@@ -357,7 +498,8 @@ mod tests {
         }
     }
 
-    /// `dot_rows` (groups of four, then single rows) gives each row's `vec_dot`.
+    /// `dot_rows` (groups of four a quarter apart, then single rows) gives each row's
+    /// `vec_dot`.
     #[test]
     fn dot_rows_matches_vec_dot_for_every_grouping() {
         let mut rng = Rng(11);
@@ -369,19 +511,33 @@ mod tests {
             let y8 = rng.blocks(blocks * 3, Q8_0_BYTES);
             let rows = Q8Rows::from_q8_0(kind, blocks * QK32, &y8).unwrap();
             let wr: Vec<&[u8]> = w.iter().map(|r| &r[..]).collect();
+            // the rows one stride apart in one slice, with a gap after each
+            let rb = blocks * kind.block_bytes();
+            let stride = rb + 5;
+            let mut flat = vec![0u8; 6 * stride + rb];
+            for (n, r) in w.iter().enumerate() {
+                flat[n * stride..n * stride + rb].copy_from_slice(r);
+            }
+            let sw = StridedRows::new(&flat, stride, rb, 7).unwrap();
+            assert!(StridedRows::new(&flat[1..], stride, rb, 7).is_err());
             let y: [Q8Row<'_>; 3] = std::array::from_fn(|j| rows.row(j).unwrap());
             let mut out = vec![[0f32; 3]; 7];
-            dot_rows(kind, &wr, &y, &mut out).unwrap();
+            dot_rows(kind, sw, &y, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
-            dot_rows(kind, &wr, &[y[2]], &mut one).unwrap();
+            dot_rows(kind, sw, &[y[2]], &mut one).unwrap();
+            let mut four = vec![[0f32; 4]; 7];
+            dot_rows(kind, sw, &[y[1], y[0], y[2], y[1]], &mut four).unwrap();
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let yb = &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
                     assert_eq!(o.to_bits(), vec_dot_portable(kind, x, yb).to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][2].to_bits());
+                let four_bits = four[n].map(f32::to_bits);
+                let want = [out[n][1], out[n][0], out[n][2], out[n][1]].map(f32::to_bits);
+                assert_eq!(four_bits, want);
             }
-            assert!(dot_rows(kind, &wr, &y, &mut out[..6]).is_err());
+            assert!(dot_rows(kind, sw, &y, &mut out[..6]).is_err());
         }
     }
 
@@ -428,6 +584,52 @@ mod tests {
             assert_eq!(pair[1].to_bits(), float(&b, &y).to_bits(), "{len}");
         }
         assert!(dot_f16_x2(&[&[0u8; 4], &[0u8; 2]], &[0u8; 4]).is_err());
+    }
+
+    /// The register-blocked F16 rows give each pair's `vec_dot` bits (portable and
+    /// dispatched), for every grouping of the weight rows, with and without a tail.
+    #[test]
+    fn f16_rows_match_vec_dot() {
+        let mut rng = Rng(13);
+        for len in [32usize, 64, 96, 256, 7, 100] {
+            let mut row = || -> Vec<u8> {
+                (0..len)
+                    .flat_map(|_| {
+                        let v = (rng.next() % 20001) as f32 / 1000.0 - 10.0;
+                        half::f16::from_f32(v).to_bits().to_le_bytes()
+                    })
+                    .collect()
+            };
+            let w: Vec<Vec<u8>> = (0..7).map(|_| row()).collect();
+            let y: Vec<Vec<u8>> = (0..3).map(|_| row()).collect();
+            let widened: Vec<Vec<f32>> = y
+                .iter()
+                .map(|b| {
+                    b.chunks_exact(2)
+                        .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                        .collect()
+                })
+                .collect();
+            let wr: Vec<&[u8]> = w.iter().map(|r| &r[..]).collect();
+            let flat: Vec<u8> = w.concat();
+            let sw = StridedRows::new(&flat, 2 * len, 2 * len, 7).unwrap();
+            let yr: [&[f32]; 3] = std::array::from_fn(|j| &widened[j][..]);
+            let mut out = vec![[0f32; 3]; 7];
+            dot_f16_rows(sw, &yr, &mut out).unwrap();
+            let mut one = vec![[0f32; 1]; 7];
+            dot_f16_rows(sw, &[yr[1]], &mut one).unwrap();
+            let float = super::super::float::vec_dot_f16;
+            for (n, x) in wr.iter().enumerate() {
+                for (j, o) in out[n].iter().enumerate() {
+                    let want = float(x, &y[j]);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{len} ({n}, {j})");
+                    assert_eq!(simd::vec_dot_f16(x, &y[j]).to_bits(), want.to_bits());
+                    assert_eq!(dot_f16_f32_portable(x, yr[j]).to_bits(), want.to_bits());
+                }
+                assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
+            }
+            assert!(dot_f16_rows(sw, &yr, &mut out[..6]).is_err());
+        }
     }
 
     /// The lane definition is the plain dot product when nothing rounds.
@@ -539,6 +741,108 @@ mod throughput {
             println!(
                 "{kind:?} one row: 8x1 {:.2} GB/s",
                 (rows * rb) as f64 / 1e9 / tile8
+            );
+            let z4 = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    let c = c / 64 * 64 + (c % 64) / 4;
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + 16 * i));
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let z8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            // the same, on 256 rows that stay in cache
+            let l2 = |f: &dyn Fn(&[&[u8]], &mut f32)| {
+                let t = (0..15)
+                    .map(|_| {
+                        let mut s = 0f32;
+                        let t = Instant::now();
+                        for _ in 0..100 {
+                            let rs: Vec<&[u8]> = (0..256).map(row).collect();
+                            f(&rs, &mut s);
+                        }
+                        std::hint::black_box(s);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min);
+                (100 * 256 * rb) as f64 / 1e9 / t
+            };
+            let l2_ymm = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    dot_tile(kind, &wr, &[yr[0]], &mut o).unwrap();
+                    *s += o[0][0];
+                }
+            });
+            let l2_z4 = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            let l2_z8 = l2(&|rs, s| {
+                for g in rs.chunks_exact(8) {
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_zmm_variant(kind, &wr, &[yr[0]], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            let vl4 = best(&mut || {
+                for c in (0..rows).step_by(4) {
+                    let c = c / 64 * 64 + (c % 64) / 4;
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| row(c + 16 * i));
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let vl8 = best(&mut || {
+                for c in (0..rows).step_by(8) {
+                    let c = c / 64 * 64 + (c % 64) / 8;
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| row(c + 8 * i));
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    sink += o[0][0];
+                }
+            });
+            let l2_vl4 = l2(&|rs, s| {
+                for g in rs.chunks_exact(4) {
+                    let wr: [&[u8]; 4] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 4];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            let l2_vl8 = l2(&|rs, s| {
+                for g in rs.chunks_exact(8) {
+                    let wr: [&[u8]; 8] = std::array::from_fn(|i| g[i]);
+                    let mut o = [[0f32; 1]; 8];
+                    super::super::simd::dot_tile_vl1_variant(kind, &wr, &yr[0], &mut o);
+                    *s += o[0][0];
+                }
+            });
+            println!(
+                "{kind:?} one row: vl 4x1 {:.2} GB/s, vl 8x1 {:.2}; in cache vl 4x1 {l2_vl4:.2}, vl 8x1 {l2_vl8:.2}",
+                (rows * rb) as f64 / 1e9 / vl4,
+                (rows * rb) as f64 / 1e9 / vl8
+            );
+            println!(
+                "{kind:?} one row: zmm 4x1 {:.2} GB/s, zmm 8x1 {:.2} GB/s; in cache: ymm 4x1 {l2_ymm:.2}, zmm 4x1 {l2_z4:.2}, zmm 8x1 {l2_z8:.2} GB/s",
+                (rows * rb) as f64 / 1e9 / z4,
+                (rows * rb) as f64 / 1e9 / z8
             );
             let vd = best(&mut || {
                 for c in 0..rows {
