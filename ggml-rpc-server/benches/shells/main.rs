@@ -16,10 +16,7 @@
 //! * small-command round trips per second (GET_ALIGNMENT, one client);
 //! * 16 concurrent clients each doing a 64 MiB SET then GET (aggregate GB/s of both directions);
 //! * 16 concurrent clients' small-command rate (aggregate round trips per second);
-//! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR;
-//!
-//! and, as the row "loopback ceiling", the same 256 MiB moved between this client and a bare
-//! TCP peer that does nothing else (`ceiling.rs`): the most any server could reach here.
+//! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR.
 //!
 //! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
 //! Knobs: `BENCH_SHELLS` (comma-separated, default: all of this build), `BENCH_SECONDS` (length
@@ -29,7 +26,6 @@
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
 
-mod ceiling;
 mod load;
 
 use std::net::SocketAddr;
@@ -102,7 +98,6 @@ fn main() {
 
     // Rounds interleave the servers, so a load change on the machine hits all of them alike;
     // the table gives medians and the range of the per-round ratios.
-    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let mut rounds = Vec::new();
     for round in 0..rounds_wanted.max(1) {
         let mut rows = Vec::new();
@@ -132,21 +127,6 @@ fn main() {
                 Err(error) => eprintln!("{name}: measurement failed: {error}"),
             }
             eprintln!("{row:?}");
-            rows.push(row);
-        }
-        if only.is_empty() || only.split(',').any(|m| m.trim() == "big") {
-            eprintln!("== loopback ceiling (round {})", round + 1);
-            let mut row = Row {
-                name: "loopback ceiling".into(),
-                ..Row::default()
-            };
-            match runtime.block_on(ceiling::loopback(&big, repeat)) {
-                Ok((set, get)) => {
-                    eprintln!("  256 MiB to a bare peer {set:.2} GB/s, from it {get:.2} GB/s");
-                    (row.set_gbps, row.get_gbps) = (set, get);
-                }
-                Err(error) => eprintln!("loopback ceiling: measurement failed: {error}"),
-            }
             rows.push(row);
         }
         rounds.push(rows);
@@ -357,7 +337,7 @@ async fn tensor_in(client: &mut Client, len: usize) -> Result<RpcTensor, BoxErro
     Ok(tensor)
 }
 
-pub(crate) fn gbps(bytes: usize, elapsed: Duration) -> f64 {
+fn gbps(bytes: usize, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / 1e9
 }
 
@@ -505,7 +485,7 @@ fn print_table(rounds: &[Vec<Row>]) {
         for &name in &names {
             let values: Vec<f64> = rounds.iter().map(|r| value_of(r, name, get)).collect();
             if values.iter().all(|&v| v == 0.0) {
-                // Not measured (BENCH_ONLY; the ceiling has only the transfer figures).
+                // Not measured (BENCH_ONLY).
                 continue;
             }
             let ratios = |base: &str| -> String {
