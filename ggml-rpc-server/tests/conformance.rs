@@ -771,6 +771,106 @@ async fn shutdown_closes_idle_clients_and_frees_their_buffers(shell: &'static st
     assert!(matches!(refused, Ok(Err(_))));
 }
 
+/// A backend whose graph computations wait at a gate until the test opens it: a heavy call
+/// held for as long as the test wants, without timing.
+struct Gated {
+    inner: proto_core::backend::MemoryBackend,
+    entered: std::sync::atomic::AtomicUsize,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gated {
+    fn entered(&self) -> usize {
+        self.entered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// Opens the gate when dropped, so a failing test does not leave server threads waiting.
+struct OpenOnDrop(Arc<Gated>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// A one-node graph (a VIEW of a leaf) in a fresh buffer of `client`.
+async fn view_graph(client: &mut Client, uid: u64) -> GraphComputeRequest {
+    let buffer = client.alloc_buffer(0, 1024).await.unwrap().unwrap();
+    let base = client.buffer_base(buffer.handle).await.unwrap();
+    let leaf = f32_tensor(1, buffer.handle, base + 256, [4, 1, 1, 1]);
+    let mut node = f32_tensor(2, buffer.handle, base + 256, [4, 1, 1, 1]);
+    node.op = Op::VIEW.0;
+    node.view_src = 1;
+    node.flags = flags::COMPUTE;
+    GraphComputeRequest {
+        device: 0,
+        uid,
+        node_ids: vec![2],
+        tensors: vec![leaf, node],
+    }
+}
+
+async fn long_computations_do_not_stall_other_clients(shell: &'static str) {
+    let backend = Arc::new(Gated {
+        inner: proto_core::backend::MemoryBackend::new(1, 1 << 30),
+        entered: Default::default(),
+        open: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+    });
+    let server = common::start(
+        shell,
+        backend.clone(),
+        ServerConfig::new(ProtocolVersion::V8_0_0),
+    );
+    let _gate = OpenOnDrop(backend.clone());
+    let addr = server.local_addr();
+    // Two clients whose graphs are held at the gate: the tokio shell runs one heavy call
+    // inline on its worker and hands any further one off, and both must leave the server
+    // serving everyone else.
+    let mut computing = Vec::new();
+    for uid in [1, 2] {
+        let mut client = within(Client::connect(addr, ProtocolVersion::V8_0_0))
+            .await
+            .unwrap();
+        let graph = view_graph(&mut client, uid).await;
+        client.graph_compute(&graph).await.unwrap();
+        computing.push(client);
+    }
+    common::eventually(|| backend.entered() == 2).await;
+    let mut other = within(Client::connect(addr, ProtocolVersion::V8_0_0))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        assert_eq!(within(other.alignment(0)).await.unwrap(), 32);
+    }
+    let buffer = within(other.alloc_buffer(0, 4096)).await.unwrap().unwrap();
+    let base = within(other.buffer_base(buffer.handle)).await.unwrap();
+    let tensor = bytes_tensor(1, buffer.handle, base, 4096);
+    let data = pattern(4096, 3);
+    within(other.set_tensor(&tensor, 0, data.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(other.get_tensor(&tensor, 0, 4096)).await.unwrap(),
+        data
+    );
+    // The two graphs were held all along; released, their clients go on.
+    assert_eq!(backend.entered(), 2);
+    backend.open();
+    for mut client in computing {
+        assert_eq!(within(client.device_count()).await.unwrap(), 1);
+    }
+    assert_eq!(backend.inner.graphs_run(), 2);
+    common::shutdown(server).await;
+}
+
 /// A backend that records the size of every write it receives.
 struct Recording {
     inner: proto_core::backend::MemoryBackend,
@@ -843,6 +943,78 @@ impl proto_core::backend::Backend for Recording {
     }
 }
 
+impl proto_core::backend::Backend for Gated {
+    fn device_count(&self) -> u32 {
+        self.inner.device_count()
+    }
+    fn device_memory(&self, device: u32) -> proto_core::backend::DeviceMemory {
+        self.inner.device_memory(device)
+    }
+    fn alignment(&self, device: u32) -> u64 {
+        self.inner.alignment(device)
+    }
+    fn max_size(&self, device: u32) -> u64 {
+        self.inner.max_size(device)
+    }
+    fn alloc_buffer(&self, device: u32, size: u64) -> Option<proto_core::backend::AllocatedBuffer> {
+        self.inner.alloc_buffer(device, size)
+    }
+    fn free_buffer(&self, buffer: proto_core::backend::BufferId) {
+        self.inner.free_buffer(buffer)
+    }
+    fn clear_buffer(
+        &self,
+        buffer: proto_core::backend::BufferId,
+        value: u8,
+    ) -> proto_core::Result<()> {
+        self.inner.clear_buffer(buffer, value)
+    }
+    fn write(
+        &self,
+        at: proto_core::backend::TensorLocation,
+        data: &[u8],
+    ) -> proto_core::Result<()> {
+        self.inner.write(at, data)
+    }
+    fn read(
+        &self,
+        at: proto_core::backend::TensorLocation,
+        out: &mut [u8],
+    ) -> proto_core::Result<()> {
+        self.inner.read(at, out)
+    }
+    fn fill(
+        &self,
+        at: proto_core::backend::TensorLocation,
+        len: u64,
+        value: u8,
+    ) -> proto_core::Result<()> {
+        self.inner.fill(at, len, value)
+    }
+    fn copy(
+        &self,
+        src: proto_core::backend::TensorLocation,
+        dst: proto_core::backend::TensorLocation,
+        len: u64,
+    ) -> proto_core::Result<bool> {
+        self.inner.copy(src, dst, len)
+    }
+    fn graph_compute(
+        &self,
+        device: u32,
+        graph: &proto_core::graph::Graph,
+    ) -> proto_core::Result<()> {
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.graph_compute(device, graph)
+    }
+}
+
 /// Runs every test above once per shell of this build: `tokio_shell::NAME`, `uring_shell::NAME`,
 /// `smol_shell::NAME`. The client side is a two-worker tokio runtime; the server runs on the
 /// shell's own threads.
@@ -904,4 +1076,5 @@ for_each_shell!(
     concurrent_clients_keep_their_own_data,
     clients_beyond_the_limit_are_refused,
     shutdown_closes_idle_clients_and_frees_their_buffers,
+    long_computations_do_not_stall_other_clients,
 );
