@@ -27,18 +27,9 @@
 //! `spawn_blocking` would have to move the dispatcher into a `'static` closure and back for
 //! every call and pay a thread handoff each time. On a current-thread runtime (tests, tools)
 //! `block_in_place` is unavailable and every call runs inline.
-//!
-//! `block_in_place` itself still hands the worker's role to another thread and takes it back,
-//! a few thread switches per call: for token generation (one GRAPH_COMPUTE per token) that was
-//! several percent of the token rate. So one heavy call at a time in the process runs plainly
-//! inline, when the runtime has at least two workers: the other workers keep serving every
-//! other connection (nothing of theirs waits in this worker's queue: their wake-ups come from
-//! the I/O driver, which a free worker polls), and any further heavy call meanwhile takes
-//! `block_in_place`, so a worker is always free.
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -426,35 +417,12 @@ async fn comm_work(
     }
 }
 
-/// Whether a heavy call runs inline on its worker right now (at most one in the process).
-static INLINE_HEAVY: AtomicBool = AtomicBool::new(false);
-
-/// Runs a heavy call: inline on a current-thread runtime or outside any runtime; on a
-/// multi-threaded one with at least two workers inline if no other heavy call is (see the
-/// module docs), else under `block_in_place`.
+/// Runs `f` under `block_in_place` on a multi-threaded runtime, inline otherwise.
 fn run_blocking<R>(f: impl FnOnce() -> R) -> R {
-    let Ok(handle) = Handle::try_current() else {
-        return f();
-    };
-    if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
-        return f();
+    match Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
-    if handle.metrics().num_workers() >= 2
-        && INLINE_HEAVY
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    {
-        /// Frees the inline slot when the call ends, even by unwinding.
-        struct Release;
-        impl Drop for Release {
-            fn drop(&mut self) {
-                INLINE_HEAVY.store(false, Ordering::Release);
-            }
-        }
-        let _release = Release;
-        return f();
-    }
-    tokio::task::block_in_place(f)
 }
 
 /// Reads up to `want` bytes into a fresh buffer of exactly that size, stopping early only at
