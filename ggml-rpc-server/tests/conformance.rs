@@ -831,9 +831,11 @@ async fn long_computations_do_not_stall_other_clients(shell: &'static str) {
     );
     let _gate = OpenOnDrop(backend.clone());
     let addr = server.local_addr();
-    // Two clients whose graphs are held at the gate: the tokio shell runs one heavy call
-    // inline on its worker and hands any further one off, and both must leave the server
-    // serving everyone else.
+    // Two clients whose graphs are held at the gate (as many as the tokio shell has workers
+    // on two cores): a heavy call must never keep the other connections waiting, neither
+    // those already connected nor new ones. (Running one heavy call plainly inline on a tokio
+    // worker instead of under `block_in_place` failed this under load: a task woken by that
+    // worker waits in its non-stealable LIFO slot.)
     let mut computing = Vec::new();
     for uid in [1, 2] {
         let mut client = within(Client::connect(addr, ProtocolVersion::V8_0_0))
