@@ -478,6 +478,12 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
+        if x86::has_avx512_vnni() {
+            // SAFETY: `has_avx512_vnni` checked AVX-512 F and BW (and AVX2, FMA, F16C); the
+            // caller checked the lengths.
+            unsafe { x86::dot_q4_k_rows_zmm(w, y, out) };
+            return;
+        }
         if x86::has_avx2() {
             // SAFETY: `has_avx2` checked AVX2, FMA and F16C; the caller checked the lengths.
             unsafe { x86::dot_q4_k_rows(w, y, out) };
@@ -489,6 +495,37 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
             *o = vec_dot_q4_k_q8_k(w.row(n), y);
         }
     }
+}
+
+/// Every implementation of [`dot_q4_k_rows`] this CPU can run, with its name (for the test
+/// that checks they agree bit for bit).
+#[cfg(test)]
+pub(super) fn dot_q4_k_rows_all<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[u8]; RN],
+) -> Vec<(&'static str, Vec<[f32; RN]>)> {
+    let mut all = Vec::new();
+    let mut out = vec![[0f32; RN]; w.count()];
+    for (n, o) in out.iter_mut().enumerate() {
+        for (o, y) in o.iter_mut().zip(y) {
+            *o = k_quants::vec_dot_q4_k_q8_k(w.row(n), y);
+        }
+    }
+    all.push(("portable", out.clone()));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: as in `dot_q4_k_rows` (AVX2 checked).
+            unsafe { x86::dot_q4_k_rows(w, y, &mut out) };
+            all.push(("avx2", out.clone()));
+        }
+        if x86::has_avx512_vnni() {
+            // SAFETY: as in `dot_q4_k_rows` (AVX-512 F and BW checked).
+            unsafe { x86::dot_q4_k_rows_zmm(w, y, &mut out) };
+            all.push(("avx512", out.clone()));
+        }
+    }
+    all
 }
 
 /// Every implementation of [`dot_tile`] this CPU can run, with its name (for the tests that
@@ -1798,6 +1835,75 @@ mod x86 {
                     let summs = hsum_i32(_mm256_madd_epi16(bsums, mins16));
                     let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
                     *sum += combine_k4(xb, yd, hsum_i32(acc), summs);
+                }
+            }
+            *o = sumf;
+        }
+    }
+
+    /// [`dot_q4_k_rows`] in 512-bit vectors: the low and high nibbles of each 32 bytes of
+    /// quants side by side in one zmm (they meet activation quants `64 j .. 64 j + 64`, one
+    /// load), their two scales in one vector of i16, so half the instructions per activation
+    /// row; the integer sums are exact (the same values), the f32 steps the same: the same
+    /// bits.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW, AVX2, FMA and F16C; the lengths as for [`dot_q4_k_rows`].
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_rows_zmm<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let blocks = w.row_len() / Q4_K_BYTES;
+        let mask = _mm256_set1_epi8(0x0F);
+        for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+            let x = w.row(n);
+            let mut sumf = [0f32; RN];
+            for b in 0..blocks {
+                let Some(xb) = x[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                    break;
+                };
+                let (scales, mins) = k4_scales(xb);
+                let mins16: [i16; 16] = std::array::from_fn(|j| i16::from(mins[j / 2]));
+                // SAFETY: 32 bytes of the 16 i16.
+                let mins16 = _mm256_loadu_si256(mins16.as_ptr().cast());
+                let q: [__m512i; 4] = std::array::from_fn(|j| {
+                    let v = load32(xb, 16 + 32 * j);
+                    let lo = _mm256_and_si256(v, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                });
+                let sc: [__m512i; 4] = std::array::from_fn(|j| {
+                    let lo = _mm256_set1_epi16(scales[2 * j] as i16);
+                    let hi = _mm256_set1_epi16(scales[2 * j + 1] as i16);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                });
+                for (sum, yr) in sumf.iter_mut().zip(y) {
+                    let Some(yb) = yr[b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                        break;
+                    };
+                    let mut acc = _mm512_setzero_si512();
+                    for j in 0..4 {
+                        // SAFETY: bytes `4 + 64 j .. 4 + 64 j + 64` of the block, its quants.
+                        let yq = _mm512_loadu_si512(yb.as_ptr().add(4 + 64 * j).cast());
+                        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(q[j], yq), sc[j]);
+                        acc = _mm512_add_epi32(acc, p);
+                    }
+                    let isum8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(acc),
+                        _mm512_extracti64x4_epi64::<1>(acc),
+                    );
+                    let summs8 = _mm256_madd_epi16(load32(yb, Q8_K_BSUMS), mins16);
+                    // both horizontal sums at once: [isum, summs] in the low two lanes
+                    let h = _mm256_hadd_epi32(isum8, summs8);
+                    let h =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    let h = _mm_hadd_epi32(h, h);
+                    let isum = _mm_cvtsi128_si32(h);
+                    let summs = _mm_extract_epi32::<1>(h);
+                    let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+                    *sum += combine_k4(xb, yd, isum, summs);
                 }
             }
             *o = sumf;

@@ -741,6 +741,13 @@ mod tests {
             dot_q4_k_rows(sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 5];
             dot_q4_k_rows(sw, &[yr[2]], &mut one).unwrap();
+            let all = simd::dot_q4_k_rows_all(sw, &yr);
+            for (name, got) in &all {
+                for (n, (g, o)) in got.iter().zip(&out).enumerate() {
+                    let (g, o) = (g.map(f32::to_bits), o.map(f32::to_bits));
+                    assert_eq!(g, o, "{name} {blocks} row {n}");
+                }
+            }
             for (n, x) in w.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let want = k_quants::vec_dot_q4_k_q8_k(x, &y[j]);
