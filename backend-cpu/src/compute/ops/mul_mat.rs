@@ -59,6 +59,11 @@ const TILE_ROWS: usize = 64;
 /// twelve accumulators, which with the operands fill the sixteen AVX2 vector registers.
 const KERNEL_ROWS: usize = 3;
 
+/// Activation rows per call of the Q4_K row kernel: each weight block's scales and quants
+/// are decoded once per call, so more rows share that work (the activation rows go one after
+/// the other, so they cost no registers).
+const Q4K_ROWS: usize = 8;
+
 /// The activations, converted once per node.
 enum Prepared {
     /// f32 values (rounded through F16/BF16 for such weights), `k` per row: for weights that
@@ -317,6 +322,8 @@ struct Scratch {
     /// Tile kernels: the results per weight row, for three activation rows or one.
     out3: Vec<[f32; KERNEL_ROWS]>,
     out4: Vec<[f32; 4]>,
+    /// Q4_K row kernel: the results per weight row for [`Q4K_ROWS`] activation rows.
+    out8: Vec<[f32; Q4K_ROWS]>,
     out1: Vec<[f32; 1]>,
 }
 
@@ -447,7 +454,7 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                 };
                 let s = (r2, r3);
                 if kernel == RowKernel::Q4K {
-                    let mut out4 = std::mem::take(&mut scratch.out4);
+                    let mut out8 = std::mem::take(&mut scratch.out8);
                     let done = rows_part(
                         &weights,
                         kernel,
@@ -455,10 +462,10 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                         s,
                         &layout,
                         scratch,
-                        &mut out4,
+                        &mut out8,
                         &mut part,
                     );
-                    scratch.out4 = out4;
+                    scratch.out8 = out8;
                     return done;
                 }
                 let mut out3 = std::mem::take(&mut scratch.out3);
