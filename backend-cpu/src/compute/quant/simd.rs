@@ -1757,6 +1757,9 @@ mod x86 {
         }
     }
 
+    /// Rows ahead that the one-activation-row F32 loop prefetches.
+    const PREFETCH_ROWS: usize = 6;
+
     /// `tiles::dot_f32_rows`: [`dot_f32_tile_zmm`] on the groups of `tiles::dot_rows`, then
     /// on the rest one by one.
     ///
@@ -1771,6 +1774,26 @@ mod x86 {
     ) {
         let steps = y.first().map_or(0, |r| r.len()) / 32;
         let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
+        if RN == 1 {
+            // one activation row (the output projection of the last token): the weights
+            // stream from memory; row after row, each prefetched a few rows ahead
+            let count = w.count();
+            for (n, o) in out.iter_mut().enumerate().take(count) {
+                if n + PREFETCH_ROWS < count {
+                    let ahead = w.row(n + PREFETCH_ROWS);
+                    for line in (0..ahead.len()).step_by(64) {
+                        // SAFETY: a hint for an address inside the row (nothing is read).
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line).cast()) };
+                    }
+                }
+                // SAFETY: the caller's guarantees for row `n`.
+                unsafe {
+                    let o = std::array::from_mut(o);
+                    dot_f32_tile_zmm::<1, RN>([w.row(n).as_ptr()], yp, steps, o);
+                }
+            }
+            return;
+        }
         tiles::for_each_group(
             w,
             out,
