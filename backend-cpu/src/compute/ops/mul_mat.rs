@@ -25,10 +25,11 @@
 //! summation order (`quant::tiles`), whatever the grouping, so results do not depend on the
 //! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
 //! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
-//! with the bits of `quant::vec_dot`; with AVX-512 F
-//! both F16 and F32 weights take register-blocked kernels instead (`quant::dot_f16_rows`,
-//! `quant::dot_f32_rows`: four weight rows by three activation rows per step, again with the
-//! bits of `quant::vec_dot`).
+//! with the bits of `quant::vec_dot`; with AVX-512 F both F16 and F32 weights take
+//! register-blocked kernels instead (`quant::dot_f16_rows`, `quant::dot_f32_rows`: four
+//! weight rows by three activation rows per step, like tinyBLAS's F32 tiles), and Q4_K
+//! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
+//! for eight activation rows), all again with the bits of `quant::vec_dot`.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column

@@ -24,7 +24,11 @@
 //! Q8_0), streaming from memory up to 15% faster for Q4_0 (measured on Zen 5).
 //!
 //! The F16 MUL_MAT (attention without flash attention) has an AVX-512 F tile kernel with the
-//! 32 lanes of `float::vec_dot_f16` in two zmm per output.
+//! 32 lanes of `float::vec_dot_f16` in two zmm per output; the F32 MUL_MAT the same kernel
+//! on F32 rows (the 32 lanes of `float::vec_dot_f32`, multiply then add, no FMA). The Q4_K
+//! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
+//! in one zmm) that decodes each weight block once for several activation rows and computes
+//! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`.
 //!
 //! No AMX: AMX instructions die with SIGILL on machines that advertise but do not enable them.
 //!
