@@ -25,7 +25,11 @@
 //! summation order (`quant::tiles`), whatever the grouping, so results do not depend on the
 //! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
 //! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
-//! with the bits of `quant::vec_dot`.
+//! with the bits of `quant::vec_dot`; with AVX-512 F both F16 and F32 weights take
+//! register-blocked kernels instead (`quant::dot_f16_rows`, `quant::dot_f32_rows`: four
+//! weight rows by three activation rows per step, like tinyBLAS's F32 tiles), and Q4_K
+//! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
+//! for eight activation rows), all again with the bits of `quant::vec_dot`.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -56,6 +60,11 @@ const TILE_ROWS: usize = 64;
 /// twelve accumulators, which with the operands fill the sixteen AVX2 vector registers.
 const KERNEL_ROWS: usize = 3;
 
+/// Activation rows per call of the Q4_K row kernel: each weight block's scales and quants
+/// are decoded once per call, so more rows share that work (the activation rows go one after
+/// the other, so they cost no registers).
+const Q4K_ROWS: usize = 8;
+
 /// The activations, converted once per node.
 enum Prepared {
     /// f32 values (rounded through F16/BF16 for such weights), `k` per row: for weights that
@@ -66,16 +75,17 @@ enum Prepared {
     Bytes { stride: usize, bytes: Vec<u8> },
     /// Q8_0 rows laid out for the tile kernels of Q4_0 / Q8_0 weights (MUL_MAT).
     Tiles(quant::Q8Rows),
-    /// For F16 weights with a register-blocked kernel (`quant::dot_f16_rows`, MUL_MAT): the
-    /// rows rounded to F16 as for `Bytes`, then widened back to f32 (exactly), `k` per row.
+    /// For F16 / F32 weights with a register-blocked kernel (`quant::dot_f16_rows`,
+    /// `quant::dot_f32_rows`, MUL_MAT): the rows converted as for `Bytes` (rounded to F16 for
+    /// F16 weights), then widened back to f32 (exactly), `k` per row.
     F16(Vec<f32>),
 }
 
 impl Prepared {
     /// Converts every row of `x` (in the order of `x.layout.row_index`), for `widen`ed float
     /// weights of type `weight_type` or for `quant::vec_dot` with them; for the tile kernels
-    /// if `tiles` names their weight format, or for `quant::dot_f16_rows` if `f16_tiles`
-    /// (F16 weights).
+    /// if `tiles` names their weight format, or for `quant::dot_f16_rows` /
+    /// `quant::dot_f32_rows` if `f16_tiles` (F16 / F32 weights).
     fn new(
         node: &Node<'_>,
         weight_type: u32,
@@ -134,7 +144,7 @@ impl Prepared {
         if f16_tiles {
             let mut values = vec![0.0f32; rows * k];
             for (v, b) in values.chunks_exact_mut(k).zip(bytes.chunks_exact(stride)) {
-                quant::dequantize_row(ty::F16, b, v)?;
+                quant::dequantize_row(vdt, b, v)?;
             }
             return Ok(Prepared::F16(values));
         }
@@ -313,6 +323,8 @@ struct Scratch {
     /// Tile kernels: the results per weight row, for three activation rows or one.
     out3: Vec<[f32; KERNEL_ROWS]>,
     out4: Vec<[f32; 4]>,
+    /// Q4_K row kernel: the results per weight row for [`Q4K_ROWS`] activation rows.
+    out8: Vec<[f32; Q4K_ROWS]>,
     out1: Vec<[f32; 1]>,
 }
 
@@ -374,7 +386,9 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     }
     let weights = Weights::new(w);
     let tiles = quant::Q0::of(w.layout.type_id).filter(|_| !weights.widen);
-    let f16_tiles = w.layout.type_id == ty::F16 && !weights.widen && quant::dot_f16_rows_fast(k);
+    // F16, F32 and Q4_K weights: the register-blocked row kernels where the CPU has them
+    let row_kernel = RowKernel::of(w.layout.type_id, k).filter(|_| !weights.widen);
+    let f16_tiles = matches!(row_kernel, Some(RowKernel::F16 | RowKernel::F32));
     let prepared = Prepared::new(
         node,
         w.layout.type_id,
@@ -424,8 +438,50 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                 scratch.out3 = out3;
                 return done;
             }
-            if let Prepared::F16(values) = &prepared {
-                return f16_part(&weights, values, &x, (r2, r3), &layout, scratch, &mut part);
+            if let Some(kernel) = row_kernel {
+                // the prepared activation row of destination row `r`
+                let activation = |r: usize| -> Result<&[u8]> {
+                    let row = x.layout.row_number(layout.row_index(r));
+                    let found = match &prepared {
+                        Prepared::F16(values) => values
+                            .get(row * k..(row + 1) * k)
+                            .map(bytemuck::cast_slice::<f32, u8>),
+                        Prepared::Bytes { stride, bytes } => {
+                            bytes.get(row * stride..(row + 1) * stride)
+                        }
+                        _ => None,
+                    };
+                    found.ok_or_else(|| internal("MUL_MAT activation row out of range"))
+                };
+                let s = (r2, r3);
+                if kernel == RowKernel::Q4K {
+                    let mut out8 = std::mem::take(&mut scratch.out8);
+                    let done = rows_part(
+                        &weights,
+                        kernel,
+                        &activation,
+                        s,
+                        &layout,
+                        scratch,
+                        &mut out8,
+                        &mut part,
+                    );
+                    scratch.out8 = out8;
+                    return done;
+                }
+                let mut out3 = std::mem::take(&mut scratch.out3);
+                let done = rows_part(
+                    &weights,
+                    kernel,
+                    &activation,
+                    s,
+                    &layout,
+                    scratch,
+                    &mut out3,
+                    &mut part,
+                );
+                scratch.out3 = out3;
+                return done;
             }
             scratch.size(cols.len(), if weights.widen { k } else { 0 });
             let mut widened: Option<(usize, usize)> = None;
@@ -532,28 +588,74 @@ fn tiled_part<'w, const N: usize>(
     Ok(())
 }
 
-/// A MUL_MAT tile with F16 weights and [`Prepared::F16`] activations: destination rows in
-/// groups of [`KERNEL_ROWS`] that share their weight matrix (the rest one by one), each group
-/// against all the tile's weight rows in one call of `quant::dot_f16_rows`.
-fn f16_part<'w>(
+/// The weight formats with a register-blocked row kernel in [`rows_part`].
+#[derive(Clone, Copy, PartialEq)]
+enum RowKernel {
+    /// `quant::dot_f16_rows` ([`Prepared::F16`] activations).
+    F16,
+    /// `quant::dot_f32_rows` ([`Prepared::F16`] activations).
+    F32,
+    /// `quant::dot_q4_k_rows` (Q8_K rows of [`Prepared::Bytes`]).
+    Q4K,
+}
+
+impl RowKernel {
+    /// The kernel for weights of `type_id` read in place with rows of `k` values, if any.
+    fn of(type_id: u32, k: usize) -> Option<RowKernel> {
+        match type_id {
+            ty::F16 if quant::dot_f16_rows_fast(k) => Some(RowKernel::F16),
+            ty::F32 if quant::dot_f16_rows_fast(k) => Some(RowKernel::F32),
+            ty::Q4_K => Some(RowKernel::Q4K),
+            _ => None,
+        }
+    }
+
+    /// `out[n][j]` = weight row `n` of `w` times activation row `y[j]` (bytes of f32 values
+    /// for the float kernels, Q8_K rows for Q4_K).
+    fn run<'y, const RN: usize>(
+        self,
+        w: quant::StridedRows<'_>,
+        y: &[&'y [u8]; RN],
+        out: &mut [[f32; RN]],
+    ) -> Result<()> {
+        let floats = |r: &'y [u8]| -> Result<&'y [f32]> {
+            bytemuck::try_cast_slice(r).map_err(|_| internal("MUL_MAT activations misaligned"))
+        };
+        match self {
+            RowKernel::F16 | RowKernel::F32 => {
+                let mut v: [&[f32]; RN] = [&[]; RN];
+                for (v, r) in v.iter_mut().zip(y) {
+                    *v = floats(r)?;
+                }
+                if self == RowKernel::F32 {
+                    quant::dot_f32_rows(w, &v, out)
+                } else {
+                    quant::dot_f16_rows(w, &v, out)
+                }
+            }
+            RowKernel::Q4K => quant::dot_q4_k_rows(w, y, out),
+        }
+    }
+}
+
+/// A MUL_MAT tile with a [`RowKernel`]: destination rows in groups of `N` that share their
+/// weight matrix (the rest one by one), each group against all the tile's weight rows in one
+/// call of the kernel; `activation(r)` is the prepared activation row of destination row `r`
+/// and `outn` holds a group's results.
+#[allow(clippy::too_many_arguments)]
+fn rows_part<'w, 'a, const N: usize>(
     weights: &Weights<'w>,
-    values: &[f32],
-    x: &SrcView<'_>,
+    kernel: RowKernel,
+    activation: &dyn Fn(usize) -> Result<&'a [u8]>,
     (r2, r3): (usize, usize),
     layout: &Layout,
     scratch: &mut Scratch,
+    outn: &mut Vec<[f32; N]>,
     part: &mut DstPart<'_>,
 ) -> Result<()> {
     let cols = part.cols();
     let width = cols.len();
-    let k = weights.k;
-    scratch.out.resize(KERNEL_ROWS * width, 0.0);
-    let activation = |r: usize| {
-        let row = x.layout.row_number(layout.row_index(r));
-        values
-            .get(row * k..(row + 1) * k)
-            .ok_or_else(|| internal("MUL_MAT activation row out of range"))
-    };
+    scratch.out.resize(N * width, 0.0);
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
@@ -568,30 +670,29 @@ fn f16_part<'w>(
                 rows
             }
         };
-        let same = (0..KERNEL_ROWS).all(|n| {
+        let same = (0..N).all(|n| {
             r + n < dst_rows.end && {
                 let [_, j2, j3] = layout.row_index(r + n);
                 (j2 / r2, j3 / r3) == matrix
             }
         });
         let n = if same {
-            let mut y = [activation(r)?; KERNEL_ROWS];
+            let mut y = [activation(r)?; N];
             for (j, y) in y.iter_mut().enumerate().skip(1) {
                 *y = activation(r + j)?;
             }
-            let out3 = &mut scratch.out3;
-            out3.resize(width, [0.0; KERNEL_ROWS]);
-            quant::dot_f16_rows(rows, &y, out3)?;
-            for (c, o) in out3.iter().enumerate() {
+            outn.resize(width, [0.0; N]);
+            kernel.run(rows, &y, outn)?;
+            for (c, o) in outn.iter().enumerate() {
                 for (j, &v) in o.iter().enumerate() {
                     scratch.out[j * width + c] = v;
                 }
             }
-            KERNEL_ROWS
+            N
         } else {
             let out1 = &mut scratch.out1;
             out1.resize(width, [0.0]);
-            quant::dot_f16_rows(rows, &[activation(r)?], out1)?;
+            kernel.run(rows, &[activation(r)?], out1)?;
             for (o, v) in scratch.out.iter_mut().zip(out1.iter()) {
                 *o = v[0];
             }

@@ -24,7 +24,11 @@
 //! Q8_0), streaming from memory up to 15% faster for Q4_0 (measured on Zen 5).
 //!
 //! The F16 MUL_MAT (attention without flash attention) has an AVX-512 F tile kernel with the
-//! 32 lanes of `float::vec_dot_f16` in two zmm per output.
+//! 32 lanes of `float::vec_dot_f16` in two zmm per output; the F32 MUL_MAT the same kernel
+//! on F32 rows (the 32 lanes of `float::vec_dot_f32`, multiply then add, no FMA). The Q4_K
+//! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
+//! in one zmm) that decodes each weight block once for several activation rows and computes
+//! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`.
 //!
 //! No AMX: AMX instructions die with SIGILL on machines that advertise but do not enable them.
 //!
@@ -437,6 +441,97 @@ pub(super) fn dot_f16_rows<const RN: usize>(
     }
 }
 
+/// [`tiles::dot_f32_rows`] after its checks (every row of `w` four times as many bytes as
+/// each row of `y` has values, `out` as long as `w`): the AVX-512 kernel where
+/// [`dot_f16_rows_fast`] holds (the same condition: AVX-512 F, whole steps of 32), else
+/// `float::vec_dot_f32` per pair (the same bits).
+pub(super) fn dot_f32_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[f32]; RN],
+    out: &mut [[f32; RN]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = y.first().map_or(0, |r| r.len());
+        if dot_f16_rows_fast(n) {
+            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
+            // the rows are whole steps of 32 values; the caller checked the lengths.
+            unsafe { x86::dot_f32_rows_zmm(w, y, out) };
+            return;
+        }
+    }
+    // the activation rows as the little-endian bytes `vec_dot_f32` reads (a fallback: no
+    // AVX-512, or rows with a tail)
+    let yb: Vec<Vec<u8>> = y
+        .iter()
+        .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+        for (o, y) in o.iter_mut().zip(&yb) {
+            *o = vec_dot_f32(w.row(n), y);
+        }
+    }
+}
+
+/// [`tiles::dot_q4_k_rows`] after its checks: the AVX2 kernel where the CPU has AVX2, else
+/// [`vec_dot_q4_k_q8_k`] per pair (the same bits).
+pub(super) fn dot_q4_k_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[u8]; RN],
+    out: &mut [[f32; RN]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512_vnni() {
+            // SAFETY: `has_avx512_vnni` checked AVX-512 F and BW (and AVX2, FMA, F16C); the
+            // caller checked the lengths.
+            unsafe { x86::dot_q4_k_rows_zmm(w, y, out) };
+            return;
+        }
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C; the caller checked the lengths.
+            unsafe { x86::dot_q4_k_rows(w, y, out) };
+            return;
+        }
+    }
+    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+        for (o, y) in o.iter_mut().zip(y) {
+            *o = vec_dot_q4_k_q8_k(w.row(n), y);
+        }
+    }
+}
+
+/// Every implementation of [`dot_q4_k_rows`] this CPU can run, with its name (for the test
+/// that checks they agree bit for bit).
+#[cfg(test)]
+pub(super) fn dot_q4_k_rows_all<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[u8]; RN],
+) -> Vec<(&'static str, Vec<[f32; RN]>)> {
+    let mut all = Vec::new();
+    let mut out = vec![[0f32; RN]; w.count()];
+    for (n, o) in out.iter_mut().enumerate() {
+        for (o, y) in o.iter_mut().zip(y) {
+            *o = k_quants::vec_dot_q4_k_q8_k(w.row(n), y);
+        }
+    }
+    all.push(("portable", out.clone()));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: as in `dot_q4_k_rows` (AVX2 checked).
+            unsafe { x86::dot_q4_k_rows(w, y, &mut out) };
+            all.push(("avx2", out.clone()));
+        }
+        if x86::has_avx512_vnni() {
+            // SAFETY: as in `dot_q4_k_rows` (AVX-512 F and BW checked).
+            unsafe { x86::dot_q4_k_rows_zmm(w, y, &mut out) };
+            all.push(("avx512", out.clone()));
+        }
+    }
+    all
+}
+
 /// Every implementation of [`dot_tile`] this CPU can run, with its name (for the tests that
 /// check they agree bit for bit).
 #[cfg(test)]
@@ -510,7 +605,7 @@ mod x86 {
     };
     use super::super::q4::{Q4_0_BYTES, Q4_1_BYTES};
     use super::super::q5::{Q5_0_BYTES, Q5_1_BYTES};
-    use super::super::q8::{Q8_0_BYTES, Q8_1_BYTES};
+    use super::super::q8::{Q8_0_BYTES, Q8_1_BYTES, Q8_K_BSUMS, Q8_K_BYTES};
     use super::super::{fp16, QK_K};
 
     /// 0: not probed yet, 1: no AVX2+FMA+F16C, 2: yes.
@@ -1613,6 +1708,238 @@ mod x86 {
                 dot_f16_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
             },
         );
+    }
+
+    /// `RM` F32 weight rows at `w` times `RN` activation rows at `y`, `steps` steps of 32
+    /// values: per output the 32 lanes of `float::vec_dot_f32` as two zmm, each step's
+    /// products added to them (multiply, then add: no FMA, so the portable bits), and the
+    /// reduction of [`dot_f16_tile_zmm`].
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `128 * steps` readable bytes at every `w[i]`, `32 *
+    /// steps` f32 at every `y[j]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot_f32_tile_zmm<const RM: usize, const RN: usize>(
+        w: [*const u8; RM],
+        y: [*const f32; RN],
+        steps: usize,
+        out: &mut [[f32; RN]; RM],
+    ) {
+        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
+        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
+        // the step's two halves one after the other, each activation half loaded once: 24
+        // accumulators, three activation vectors, a weight vector and a product fit in the
+        // 32 zmm (both halves at once spill)
+        for s in 0..steps {
+            // SAFETY: step `s` lies inside the rows (the caller's guarantee).
+            let y0: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s)));
+            for i in 0..RM {
+                let x0 = _mm512_loadu_ps(w[i].add(128 * s).cast());
+                for j in 0..RN {
+                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0[j]));
+                }
+            }
+            let y1: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s + 16)));
+            for i in 0..RM {
+                let x1 = _mm512_loadu_ps(w[i].add(128 * s + 64).cast());
+                for j in 0..RN {
+                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1[j]));
+                }
+            }
+        }
+        for i in 0..RM {
+            for j in 0..RN {
+                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
+                let h = _mm512_castps_si512(v);
+                let v8 = _mm256_add_ps(
+                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
+                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
+                );
+                out[i][j] = hsum8(v8);
+            }
+        }
+    }
+
+    /// Rows ahead that the one-activation-row F32 loop prefetches.
+    const PREFETCH_ROWS: usize = 6;
+
+    /// `tiles::dot_f32_rows`: [`dot_f32_tile_zmm`] on the groups of `tiles::dot_rows`, then
+    /// on the rest one by one.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
+    /// row of `w` of four times that many bytes; `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f32_rows_zmm<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[f32]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let steps = y.first().map_or(0, |r| r.len()) / 32;
+        let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
+        if RN == 1 {
+            // one activation row (the output projection of the last token): the weights
+            // stream from memory; row after row, each prefetched a few rows ahead
+            let count = w.count();
+            for (n, o) in out.iter_mut().enumerate().take(count) {
+                if n + PREFETCH_ROWS < count {
+                    let ahead = w.row(n + PREFETCH_ROWS);
+                    for line in (0..ahead.len()).step_by(64) {
+                        // SAFETY: a hint for an address inside the row (nothing is read).
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line).cast()) };
+                    }
+                }
+                // SAFETY: the caller's guarantees for row `n`.
+                unsafe {
+                    let o = std::array::from_mut(o);
+                    dot_f32_tile_zmm::<1, RN>([w.row(n).as_ptr()], yp, steps, o);
+                }
+            }
+            return;
+        }
+        tiles::for_each_group(
+            w,
+            out,
+            // SAFETY: the caller's guarantees, row by row.
+            |g, o| unsafe { dot_f32_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
+            |r, o| unsafe {
+                dot_f32_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
+            },
+        );
+    }
+
+    /// `tiles::dot_q4_k_rows`: per weight row and super-block the scales, mins and nibbles
+    /// decoded once for the `RN` activation rows, then per activation row the exact integer
+    /// sums of [`vec_dot_q4_k_q8_k`] (the scaled quant products, and the bsums times the mins
+    /// through `vpmaddwd`) and its f32 steps (`k_quants::combine_k4`, summed in block order):
+    /// the same bits.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; every row of `y` as many Q8_K blocks as the rows of `w` have Q4_K
+    /// blocks (whole blocks); `out` as long as `w`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_rows<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let blocks = w.row_len() / Q4_K_BYTES;
+        for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+            let x = w.row(n);
+            let mut sumf = [0f32; RN];
+            for b in 0..blocks {
+                let Some(xb) = x[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                    break;
+                };
+                let (scales, mins) = k4_scales(xb);
+                let mins16: [i16; 16] = std::array::from_fn(|j| i16::from(mins[j / 2]));
+                // SAFETY: 32 bytes of the 16 i16.
+                let mins16 = _mm256_loadu_si256(mins16.as_ptr().cast());
+                let sc: [__m256i; 8] = std::array::from_fn(|i| _mm256_set1_epi16(scales[i] as i16));
+                let q: [(__m256i, __m256i); 4] =
+                    std::array::from_fn(|j| nibbles(load32(xb, 16 + 32 * j)));
+                for (sum, yr) in sumf.iter_mut().zip(y) {
+                    let Some(yb) = yr[b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                        break;
+                    };
+                    let Some(qs) = yb[4..].first_chunk::<QK_K>() else {
+                        break;
+                    };
+                    let mut acc = _mm256_setzero_si256();
+                    for (j, (lo, hi)) in q.iter().enumerate() {
+                        let s0 = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(*lo, load32(qs, 64 * j)),
+                            sc[2 * j],
+                        );
+                        let s1 = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(*hi, load32(qs, 64 * j + 32)),
+                            sc[2 * j + 1],
+                        );
+                        acc = _mm256_add_epi32(acc, _mm256_add_epi32(s0, s1));
+                    }
+                    let bsums = load32(yb, Q8_K_BSUMS);
+                    let summs = hsum_i32(_mm256_madd_epi16(bsums, mins16));
+                    let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+                    *sum += combine_k4(xb, yd, hsum_i32(acc), summs);
+                }
+            }
+            *o = sumf;
+        }
+    }
+
+    /// [`dot_q4_k_rows`] in 512-bit vectors: the low and high nibbles of each 32 bytes of
+    /// quants side by side in one zmm (they meet activation quants `64 j .. 64 j + 64`, one
+    /// load), their two scales in one vector of i16, so half the instructions per activation
+    /// row; the integer sums are exact (the same values), the f32 steps the same: the same
+    /// bits.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW, AVX2, FMA and F16C; the lengths as for [`dot_q4_k_rows`].
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_rows_zmm<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        let blocks = w.row_len() / Q4_K_BYTES;
+        let mask = _mm256_set1_epi8(0x0F);
+        for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+            let x = w.row(n);
+            let mut sumf = [0f32; RN];
+            for b in 0..blocks {
+                let Some(xb) = x[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                    break;
+                };
+                let (scales, mins) = k4_scales(xb);
+                // the block's two f16 scales widened once for all the activation rows (exact:
+                // `combine_k4`'s values)
+                let (xd, xmin) = (fp16(xb[0], xb[1]), fp16(xb[2], xb[3]));
+                let mins16: [i16; 16] = std::array::from_fn(|j| i16::from(mins[j / 2]));
+                // SAFETY: 32 bytes of the 16 i16.
+                let mins16 = _mm256_loadu_si256(mins16.as_ptr().cast());
+                let q: [__m512i; 4] = std::array::from_fn(|j| {
+                    let v = load32(xb, 16 + 32 * j);
+                    let lo = _mm256_and_si256(v, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                });
+                let sc: [__m512i; 4] = std::array::from_fn(|j| {
+                    let lo = _mm256_set1_epi16(scales[2 * j] as i16);
+                    let hi = _mm256_set1_epi16(scales[2 * j + 1] as i16);
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                });
+                for (sum, yr) in sumf.iter_mut().zip(y) {
+                    let Some(yb) = yr[b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                        break;
+                    };
+                    let mut acc = _mm512_setzero_si512();
+                    for j in 0..4 {
+                        // SAFETY: bytes `4 + 64 j .. 4 + 64 j + 64` of the block, its quants.
+                        let yq = _mm512_loadu_si512(yb.as_ptr().add(4 + 64 * j).cast());
+                        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(q[j], yq), sc[j]);
+                        acc = _mm512_add_epi32(acc, p);
+                    }
+                    let isum8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(acc),
+                        _mm512_extracti64x4_epi64::<1>(acc),
+                    );
+                    let summs8 = _mm256_madd_epi16(load32(yb, Q8_K_BSUMS), mins16);
+                    // both horizontal sums at once: [isum, summs] in the low two lanes
+                    let h = _mm256_hadd_epi32(isum8, summs8);
+                    let h =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    let h = _mm_hadd_epi32(h, h);
+                    let isum = _mm_cvtsi128_si32(h);
+                    let summs = _mm_extract_epi32::<1>(h);
+                    let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+                    // `combine_k4`'s steps
+                    let (d, dmin) = (xd * yd, xmin * yd);
+                    *sum += d * isum as f32 - dmin * summs as f32;
+                }
+            }
+            *o = sumf;
+        }
     }
 
     /// One Q8_0 (`Q8`) or Q4_0 row times a Q8_0 row (whole blocks of both, as far as the

@@ -218,6 +218,11 @@ impl<'a> StridedRows<'a> {
         self.count
     }
 
+    /// Bytes per row.
+    pub fn row_len(&self) -> usize {
+        self.len
+    }
+
     /// Row `i` (`i < count`; checked by the slice index).
     #[inline(always)]
     pub fn row(&self, i: usize) -> &'a [u8] {
@@ -316,6 +321,45 @@ pub fn dot_f16_rows<const RN: usize>(
 /// elements (else it computes one product at a time, no faster than [`dot_f16_x2`]).
 pub fn dot_f16_rows_fast(n: usize) -> bool {
     super::simd::dot_f16_rows_fast(n)
+}
+
+/// `out[n][j]` = the F32 dot product ([`super::vec_dot`] with F32 weights) of F32 weight
+/// row `w.row(n)` (little-endian bytes) with activation row `y[j]`. As [`dot_f16_rows`]:
+/// weight rows four at a time through a register-blocked AVX-512 kernel where the CPU has
+/// one, with `vec_dot`'s 32 lanes, multiply-then-add and reduction per output, so every
+/// result has `vec_dot`'s bits whatever the grouping.
+pub fn dot_f32_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[f32]; RN],
+    out: &mut [[f32; RN]],
+) -> Result<()> {
+    let n = y.first().map_or(0, |r| r.len());
+    if y.iter().any(|r| r.len() != n) || w.len != 4 * n || out.len() != w.count {
+        return Err(Error::Backend("F32 rows of different lengths".into()));
+    }
+    super::simd::dot_f32_rows(w, y, out);
+    Ok(())
+}
+
+/// `out[n][j]` = the Q4_K dot product ([`super::vec_dot`] with Q4_K weights) of weight row
+/// `w.row(n)` with Q8_K activation row `y[j]`: each weight block's scales and quants decoded
+/// once for all the activation rows (AVX2 where the CPU has it), with `vec_dot`'s exact
+/// integer sums and f32 steps, so every result has `vec_dot`'s bits.
+pub fn dot_q4_k_rows<const RN: usize>(
+    w: StridedRows<'_>,
+    y: &[&[u8]; RN],
+    out: &mut [[f32; RN]],
+) -> Result<()> {
+    use super::{k_quants::Q4_K_BYTES, q8::Q8_K_BYTES};
+    let blocks = w.len / Q4_K_BYTES;
+    if !w.len.is_multiple_of(Q4_K_BYTES)
+        || y.iter().any(|r| r.len() != blocks * Q8_K_BYTES)
+        || out.len() != w.count
+    {
+        return Err(Error::Backend("Q4_K rows of different lengths".into()));
+    }
+    super::simd::dot_q4_k_rows(w, y, out);
+    Ok(())
 }
 
 /// Portable [`dot_f16_rows`] for one pair: `float::vec_dot_f16` with the activation values
@@ -629,6 +673,91 @@ mod tests {
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
             }
             assert!(dot_f16_rows(sw, &yr, &mut out[..6]).is_err());
+        }
+    }
+
+    /// The F32 row kernel gives `vec_dot`'s bits (portable and dispatched) for every grouping
+    /// of the weight rows, with one and three activation rows, with and without a tail.
+    #[test]
+    fn f32_rows_match_vec_dot() {
+        let mut rng = Rng(17);
+        for len in [32usize, 64, 96, 256, 7, 100] {
+            let mut row = || -> Vec<f32> {
+                (0..len)
+                    .map(|_| (rng.next() % 20001) as f32 / 997.0 - 10.0)
+                    .collect()
+            };
+            let w: Vec<Vec<f32>> = (0..7).map(|_| row()).collect();
+            let y: Vec<Vec<f32>> = (0..3).map(|_| row()).collect();
+            let wb: Vec<Vec<u8>> = w
+                .iter()
+                .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+                .collect();
+            let yb: Vec<Vec<u8>> = y
+                .iter()
+                .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
+                .collect();
+            let flat: Vec<u8> = wb.concat();
+            let sw = StridedRows::new(&flat, 4 * len, 4 * len, 7).unwrap();
+            let yr: [&[f32]; 3] = std::array::from_fn(|j| &y[j][..]);
+            let mut out = vec![[0f32; 3]; 7];
+            dot_f32_rows(sw, &yr, &mut out).unwrap();
+            let mut one = vec![[0f32; 1]; 7];
+            dot_f32_rows(sw, &[yr[1]], &mut one).unwrap();
+            for (n, x) in wb.iter().enumerate() {
+                for (j, o) in out[n].iter().enumerate() {
+                    let want = super::super::float::vec_dot_f32(x, &yb[j]);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{len} ({n}, {j})");
+                    assert_eq!(simd::vec_dot_f32(x, &yb[j]).to_bits(), want.to_bits());
+                }
+                assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
+            }
+            assert!(dot_f32_rows(sw, &yr, &mut out[..6]).is_err());
+        }
+    }
+
+    /// The Q4_K row kernel gives `vec_dot`'s bits (portable and dispatched) for one and
+    /// three activation rows, over one and several super-blocks.
+    #[test]
+    fn q4_k_rows_match_vec_dot() {
+        use super::super::{k_quants, quantize_row, ty};
+        let mut rng = Rng(23);
+        for blocks in [1usize, 2, 3] {
+            let len = 256 * blocks;
+            let mut row = |t: u32, bytes: usize| -> Vec<u8> {
+                let v: Vec<f32> = (0..len)
+                    .map(|_| (rng.next() % 20001) as f32 / 1000.0 - 10.0)
+                    .collect();
+                let mut out = vec![0u8; bytes * blocks];
+                quantize_row(t, &v, &mut out).unwrap();
+                out
+            };
+            let w: Vec<Vec<u8>> = (0..5).map(|_| row(ty::Q4_K, 144)).collect();
+            let y: Vec<Vec<u8>> = (0..3).map(|_| row(ty::Q8_K, 292)).collect();
+            let flat: Vec<u8> = w.concat();
+            let sw = StridedRows::new(&flat, 144 * blocks, 144 * blocks, 5).unwrap();
+            let yr: [&[u8]; 3] = std::array::from_fn(|j| &y[j][..]);
+            let mut out = vec![[0f32; 3]; 5];
+            dot_q4_k_rows(sw, &yr, &mut out).unwrap();
+            let mut one = vec![[0f32; 1]; 5];
+            dot_q4_k_rows(sw, &[yr[2]], &mut one).unwrap();
+            let all = simd::dot_q4_k_rows_all(sw, &yr);
+            for (name, got) in &all {
+                for (n, (g, o)) in got.iter().zip(&out).enumerate() {
+                    let (g, o) = (g.map(f32::to_bits), o.map(f32::to_bits));
+                    assert_eq!(g, o, "{name} {blocks} row {n}");
+                }
+            }
+            for (n, x) in w.iter().enumerate() {
+                for (j, o) in out[n].iter().enumerate() {
+                    let want = k_quants::vec_dot_q4_k_q8_k(x, &y[j]);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{blocks} ({n}, {j})");
+                    assert_eq!(simd::vec_dot_q4_k_q8_k(x, &y[j]).to_bits(), want.to_bits());
+                }
+                assert_eq!(one[n][0].to_bits(), out[n][2].to_bits());
+            }
+            assert!(dot_q4_k_rows(sw, &yr, &mut out[..4]).is_err());
+            assert!(dot_q4_k_rows(sw, &[&y[0][1..]], &mut one).is_err());
         }
     }
 
