@@ -426,10 +426,7 @@ async fn tensor_cache_directory_serves_set_tensor_hash(shell: &'static str) {
 }
 
 async fn set_tensor_data_reaches_the_backend_in_chunks_of_at_most_16_mib(shell: &'static str) {
-    let backend = Arc::new(Recording {
-        inner: proto_core::backend::MemoryBackend::new(1, 1 << 30),
-        writes: std::sync::Mutex::new(Vec::new()),
-    });
+    let backend = Arc::new(Observed::new(true));
     let server = common::start(
         shell,
         backend.clone(),
@@ -771,16 +768,29 @@ async fn shutdown_closes_idle_clients_and_frees_their_buffers(shell: &'static st
     assert!(matches!(refused, Ok(Err(_))));
 }
 
-/// A backend whose graph computations wait at a gate until the test opens it: a heavy call
-/// held for as long as the test wants, without timing.
-struct Gated {
+/// A memory backend the tests look into: it records the size of every write it receives, and
+/// its graph computations wait at a gate until the test opens it (a heavy call held for as
+/// long as the test wants, without timing).
+struct Observed {
     inner: proto_core::backend::MemoryBackend,
+    writes: std::sync::Mutex<Vec<usize>>,
     entered: std::sync::atomic::AtomicUsize,
     open: std::sync::Mutex<bool>,
     opened: std::sync::Condvar,
 }
 
-impl Gated {
+impl Observed {
+    /// A 1 GiB memory backend with the gate open or closed.
+    fn new(open: bool) -> Observed {
+        Observed {
+            inner: proto_core::backend::MemoryBackend::new(1, 1 << 30),
+            writes: std::sync::Mutex::new(Vec::new()),
+            entered: Default::default(),
+            open: std::sync::Mutex::new(open),
+            opened: std::sync::Condvar::new(),
+        }
+    }
+
     fn entered(&self) -> usize {
         self.entered.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -792,7 +802,7 @@ impl Gated {
 }
 
 /// Opens the gate when dropped, so a failing test does not leave server threads waiting.
-struct OpenOnDrop(Arc<Gated>);
+struct OpenOnDrop(Arc<Observed>);
 
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
@@ -818,12 +828,7 @@ async fn view_graph(client: &mut Client, uid: u64) -> GraphComputeRequest {
 }
 
 async fn long_computations_do_not_stall_other_clients(shell: &'static str) {
-    let backend = Arc::new(Gated {
-        inner: proto_core::backend::MemoryBackend::new(1, 1 << 30),
-        entered: Default::default(),
-        open: std::sync::Mutex::new(false),
-        opened: std::sync::Condvar::new(),
-    });
+    let backend = Arc::new(Observed::new(false));
     let server = common::start(
         shell,
         backend.clone(),
@@ -873,13 +878,7 @@ async fn long_computations_do_not_stall_other_clients(shell: &'static str) {
     common::shutdown(server).await;
 }
 
-/// A backend that records the size of every write it receives.
-struct Recording {
-    inner: proto_core::backend::MemoryBackend,
-    writes: std::sync::Mutex<Vec<usize>>,
-}
-
-impl proto_core::backend::Backend for Recording {
+impl proto_core::backend::Backend for Observed {
     fn device_count(&self) -> u32 {
         self.inner.device_count()
     }
@@ -911,71 +910,6 @@ impl proto_core::backend::Backend for Recording {
         data: &[u8],
     ) -> proto_core::Result<()> {
         self.writes.lock().unwrap().push(data.len());
-        self.inner.write(at, data)
-    }
-    fn read(
-        &self,
-        at: proto_core::backend::TensorLocation,
-        out: &mut [u8],
-    ) -> proto_core::Result<()> {
-        self.inner.read(at, out)
-    }
-    fn fill(
-        &self,
-        at: proto_core::backend::TensorLocation,
-        len: u64,
-        value: u8,
-    ) -> proto_core::Result<()> {
-        self.inner.fill(at, len, value)
-    }
-    fn copy(
-        &self,
-        src: proto_core::backend::TensorLocation,
-        dst: proto_core::backend::TensorLocation,
-        len: u64,
-    ) -> proto_core::Result<bool> {
-        self.inner.copy(src, dst, len)
-    }
-    fn graph_compute(
-        &self,
-        device: u32,
-        graph: &proto_core::graph::Graph,
-    ) -> proto_core::Result<()> {
-        self.inner.graph_compute(device, graph)
-    }
-}
-
-impl proto_core::backend::Backend for Gated {
-    fn device_count(&self) -> u32 {
-        self.inner.device_count()
-    }
-    fn device_memory(&self, device: u32) -> proto_core::backend::DeviceMemory {
-        self.inner.device_memory(device)
-    }
-    fn alignment(&self, device: u32) -> u64 {
-        self.inner.alignment(device)
-    }
-    fn max_size(&self, device: u32) -> u64 {
-        self.inner.max_size(device)
-    }
-    fn alloc_buffer(&self, device: u32, size: u64) -> Option<proto_core::backend::AllocatedBuffer> {
-        self.inner.alloc_buffer(device, size)
-    }
-    fn free_buffer(&self, buffer: proto_core::backend::BufferId) {
-        self.inner.free_buffer(buffer)
-    }
-    fn clear_buffer(
-        &self,
-        buffer: proto_core::backend::BufferId,
-        value: u8,
-    ) -> proto_core::Result<()> {
-        self.inner.clear_buffer(buffer, value)
-    }
-    fn write(
-        &self,
-        at: proto_core::backend::TensorLocation,
-        data: &[u8],
-    ) -> proto_core::Result<()> {
         self.inner.write(at, data)
     }
     fn read(
