@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use indicatif::{ProgressBar, ProgressStyle};
 use proto_core::wire::RpcTensor;
 use shell_tokio::Client;
@@ -114,13 +114,22 @@ pub async fn run(client: &mut Client, plan: BenchPlan) -> anyhow::Result<Vec<Tim
 
     bar.set_message("GET_TENSOR");
     let mut samples = Vec::new();
+    // One receive buffer, its pages touched before timing: a fresh buffer per GET would
+    // measure this client's page faults rather than the server and the network.
+    let mut received = BytesMut::zeroed(data.len());
     for iteration in 0..plan.iterations {
         let start = Instant::now();
-        let got = client.get_tensor(&tensor, 0, plan.size).await?;
+        let got = client
+            .get_tensor_into(&tensor, 0, plan.size, received)
+            .await?;
         samples.push(start.elapsed());
         if iteration == 0 && got != data {
             bail!("GET_TENSOR returned other bytes than SET_TENSOR wrote");
         }
+        received = match got.try_into_mut() {
+            Ok(received) => received,
+            Err(_) => BytesMut::zeroed(data.len()),
+        };
         bar.inc(1);
     }
     results.push(Timings {
