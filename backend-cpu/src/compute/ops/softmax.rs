@@ -8,6 +8,7 @@
 use proto_core::Result;
 
 use crate::compute::memory::Dst;
+use crate::compute::quant;
 
 use super::{alibi_slope, c_max, map_rows, Node};
 
@@ -40,19 +41,7 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
             if let Some(sink) = sink {
                 max = c_max(max, sink);
             }
-            let mut sum = 0.0f64;
-            for w in y.iter_mut() {
-                if *w == f32::NEG_INFINITY && max > f32::NEG_INFINITY {
-                    // a masked entry: exp(-inf - max) is +0 for any max but -inf or NaN (where
-                    // ggml's NaN must come out), and adding +0 leaves the sum (never -0) as it
-                    // is. Most entries are masked (the KV cache's unused cells, the causal
-                    // mask), and expf is the cost of this op.
-                    *w = 0.0;
-                    continue;
-                }
-                *w = (*w - max).exp();
-                sum += f64::from(*w);
-            }
+            let mut sum = exp_and_sum(y, max);
             if let Some(sink) = sink {
                 sum += f64::from((sink - max).exp());
             }
@@ -61,6 +50,43 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
             Ok(())
         },
     )
+}
+
+/// `w = exp(w - max)` for every entry, returning the sum of the results in f64, added in
+/// order.
+///
+/// Masked entries (-inf) give +0 for any `max` but -inf or NaN (where ggml's NaN must come
+/// out), and adding +0 leaves the sum (never -0) as it is; most entries are masked (the KV
+/// cache's unused cells, the causal mask), so they are skipped, and the runs between them go
+/// through the vectorized `exp` (the same bits as `f32::exp`).
+fn exp_and_sum(w: &mut [f32], max: f32) -> f64 {
+    let mut sum = 0.0f64;
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        for v in w.iter_mut() {
+            *v = (*v - max).exp();
+            sum += f64::from(*v);
+        }
+        return sum;
+    }
+    let mut rest = w;
+    while !rest.is_empty() {
+        let masked = rest
+            .iter()
+            .position(|&v| v != f32::NEG_INFINITY)
+            .unwrap_or(rest.len());
+        rest[..masked].fill(0.0);
+        rest = &mut rest[masked..];
+        let run = rest
+            .iter()
+            .position(|&v| v == f32::NEG_INFINITY)
+            .unwrap_or(rest.len());
+        let (values, after) = rest.split_at_mut(run);
+        values.iter_mut().for_each(|v| *v -= max);
+        quant::exp_in_place(values);
+        sum = values.iter().fold(sum, |s, &v| s + f64::from(v));
+        rest = after;
+    }
+    sum
 }
 
 /// `fold(-inf, c_max)` over `w` in order, as ggml's `ggml_vec_max_f32` scans. Without NaNs
@@ -108,6 +134,51 @@ pub(super) fn diag_mask(node: &Node<'_>, dst: Dst<'_>, n_past: usize, value: f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The runs between masked entries through the vectorized `exp` give the bits of the
+    /// plain loop: each entry `exp(w - max)` (+0 where masked under a finite maximum), the
+    /// sum in f64 in order.
+    #[test]
+    fn exp_and_sum_matches_the_plain_loop() {
+        let inf = f32::INFINITY;
+        let causal: Vec<f32> = (0..70)
+            .map(|i| {
+                if i < 37 {
+                    (i as f32 * 0.37).sin() * 4.0
+                } else {
+                    -inf
+                }
+            })
+            .collect();
+        let rows: [&[f32]; 6] = [
+            &causal,
+            &[
+                -inf, 1.0, 2.0, -inf, -inf, 3.0, 0.5, -inf, 7.0, 8.0, 9.0, -inf,
+            ],
+            &[-inf; 9],
+            &[1.0, f32::NAN, 3.0, -inf, 2.0],
+            &[inf, 1.0, -inf],
+            &[],
+        ];
+        for row in rows {
+            let max = row_max(row);
+            let mut want = row.to_vec();
+            let mut want_sum = 0.0f64;
+            for w in want.iter_mut() {
+                if *w == -inf && max > -inf {
+                    *w = 0.0;
+                    continue;
+                }
+                *w = (*w - max).exp();
+                want_sum += f64::from(*w);
+            }
+            let mut got = row.to_vec();
+            let sum = exp_and_sum(&mut got, max);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{row:?}");
+            assert_eq!(sum.to_bits(), want_sum.to_bits(), "{row:?}");
+        }
+    }
 
     /// The lane maximum is the in-order scan's value (zeros compare equal whatever their
     /// sign), and its bits where a NaN forces the scan.
