@@ -403,9 +403,9 @@ pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
     [vec_dot_f16(x[0], y), vec_dot_f16(x[1], y)]
 }
 
-/// Whether [`dot_f16_rows`] takes the AVX-512 kernel for rows of `n` elements: whole steps of
-/// 32 (no tail) on a CPU with AVX-512 F.
-pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
+/// Whether [`dot_float_rows`] takes the AVX-512 kernels for rows of `n` elements: whole
+/// steps of 32 (no tail) on a CPU with AVX-512 F.
+pub(super) fn dot_float_rows_fast(n: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         n.is_multiple_of(float::LANES) && x86::has_avx512f()
@@ -417,9 +417,11 @@ pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
     }
 }
 
-/// [`tiles::dot_f16_rows`] after its checks (every row of `w` twice as many bytes as each
-/// row of `y` has values, `out` as long as `w`).
-pub(super) fn dot_f16_rows<const RN: usize>(
+/// [`tiles::dot_float_rows`] after its checks (every row of `w` `kind.bytes()` times as many
+/// bytes as each row of `y` has values, `out` as long as `w`): the AVX-512 kernels where
+/// [`dot_float_rows_fast`] holds, else the portable `vec_dot` per pair (the same bits).
+pub(super) fn dot_float_rows<const RN: usize>(
+    kind: tiles::FloatRows,
     w: StridedRows<'_>,
     y: &[&[f32]; RN],
     out: &mut [[f32; RN]],
@@ -427,48 +429,22 @@ pub(super) fn dot_f16_rows<const RN: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         let n = y.first().map_or(0, |r| r.len());
-        if dot_f16_rows_fast(n) {
-            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
-            // the rows are whole steps of 32 values; the caller checked the lengths.
-            unsafe { x86::dot_f16_rows_zmm(w, y, out) };
+        if dot_float_rows_fast(n) {
+            // SAFETY: `dot_float_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
+            // the rows are whole steps of 32 values; the caller checked the lengths (each
+            // weight row `kind.bytes()` bytes per value).
+            unsafe {
+                match kind {
+                    tiles::FloatRows::F16 => x86::dot_float_rows_zmm::<RN, true>(w, y, out),
+                    tiles::FloatRows::F32 => x86::dot_float_rows_zmm::<RN, false>(w, y, out),
+                }
+            };
             return;
         }
     }
     for (n, o) in out.iter_mut().enumerate().take(w.count()) {
         for (o, y) in o.iter_mut().zip(y) {
-            *o = tiles::dot_f16_f32_portable(w.row(n), y);
-        }
-    }
-}
-
-/// [`tiles::dot_f32_rows`] after its checks (every row of `w` four times as many bytes as
-/// each row of `y` has values, `out` as long as `w`): the AVX-512 kernel where
-/// [`dot_f16_rows_fast`] holds (the same condition: AVX-512 F, whole steps of 32), else
-/// `float::vec_dot_f32` per pair (the same bits).
-pub(super) fn dot_f32_rows<const RN: usize>(
-    w: StridedRows<'_>,
-    y: &[&[f32]; RN],
-    out: &mut [[f32; RN]],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let n = y.first().map_or(0, |r| r.len());
-        if dot_f16_rows_fast(n) {
-            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
-            // the rows are whole steps of 32 values; the caller checked the lengths.
-            unsafe { x86::dot_f32_rows_zmm(w, y, out) };
-            return;
-        }
-    }
-    // the activation rows as the little-endian bytes `vec_dot_f32` reads (a fallback: no
-    // AVX-512, or rows with a tail)
-    let yb: Vec<Vec<u8>> = y
-        .iter()
-        .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
-    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
-        for (o, y) in o.iter_mut().zip(&yb) {
-            *o = vec_dot_f32(w.row(n), y);
+            *o = kind.portable(w.row(n), y);
         }
     }
 }
@@ -720,7 +696,7 @@ mod x86 {
             // SAFETY: lanes 8k..8k+8 of the 32-lane array; `storeu` needs no alignment.
             _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc);
         }
-        finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16)
+        finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16, get_f16)
     }
 
     /// Two F16 rows times one: [`vec_dot_f16`] of each, sharing the conversions of `y`
@@ -1640,6 +1616,23 @@ mod x86 {
         }
     }
 
+    /// The reduction of the float tile kernels' 32 lanes (`lo`: lanes 0..16, `hi`: 16..32):
+    /// `lo + hi` is `[acc0 + acc2 | acc1 + acc3]` of the AVX2 `vec_dot_f16`'s four vectors,
+    /// then its halves' sum and [`hsum8`], the AVX2 kernel's `(acc0 + acc2) + (acc1 + acc3)`.
+    ///
+    /// # Safety
+    /// AVX-512 F and AVX2.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn reduce_halves(lo: __m512, hi: __m512) -> f32 {
+        let h = _mm512_castps_si512(_mm512_add_ps(lo, hi));
+        let v8 = _mm256_add_ps(
+            _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
+            _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
+        );
+        hsum8(v8)
+    }
+
     /// `RM` F16 weight rows at `w` times `RN` widened activation rows at `y`, `steps` steps
     /// of 32 values: per output the 32 lanes of [`vec_dot_f16`] as two zmm (lanes 0..16 and
     /// 16..32), each step's products added to them (multiply, then add), and the same
@@ -1674,40 +1667,9 @@ mod x86 {
         }
         for i in 0..RM {
             for j in 0..RN {
-                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
-                let h = _mm512_castps_si512(v);
-                let v8 = _mm256_add_ps(
-                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
-                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
-                );
-                out[i][j] = hsum8(v8);
+                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
             }
         }
-    }
-
-    /// `tiles::dot_f16_rows`: [`dot_f16_tile_zmm`] on the groups of `tiles::dot_rows`, then
-    /// on the rest one by one.
-    ///
-    /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
-    /// row of `w` of twice that many bytes; `out` as long as `w`.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot_f16_rows_zmm<const RN: usize>(
-        w: StridedRows<'_>,
-        y: &[&[f32]; RN],
-        out: &mut [[f32; RN]],
-    ) {
-        let steps = y.first().map_or(0, |r| r.len()) / 32;
-        let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
-        tiles::for_each_group(
-            w,
-            out,
-            // SAFETY: the caller's guarantees, row by row.
-            |g, o| unsafe { dot_f16_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
-            |r, o| unsafe {
-                dot_f16_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
-            },
-        );
     }
 
     /// `RM` F32 weight rows at `w` times `RN` activation rows at `y`, `steps` steps of 32
@@ -1750,35 +1712,51 @@ mod x86 {
         }
         for i in 0..RM {
             for j in 0..RN {
-                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
-                let h = _mm512_castps_si512(v);
-                let v8 = _mm256_add_ps(
-                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
-                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
-                );
-                out[i][j] = hsum8(v8);
+                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
             }
         }
     }
 
-    /// Rows ahead that the one-activation-row F32 loop prefetches.
+    /// Rows ahead that the one-activation-row float loop prefetches.
     const PREFETCH_ROWS: usize = 6;
 
-    /// `tiles::dot_f32_rows`: [`dot_f32_tile_zmm`] on the groups of `tiles::dot_rows`, then
-    /// on the rest one by one.
+    /// [`dot_f16_tile_zmm`] (`F16`) or [`dot_f32_tile_zmm`] on the same arguments.
+    ///
+    /// # Safety
+    /// Those of the kernel taken.
+    #[inline(always)]
+    unsafe fn dot_float_tile_zmm<const RM: usize, const RN: usize, const F16: bool>(
+        w: [*const u8; RM],
+        y: [*const f32; RN],
+        steps: usize,
+        out: &mut [[f32; RN]; RM],
+    ) {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            if F16 {
+                dot_f16_tile_zmm(w, y, steps, out)
+            } else {
+                dot_f32_tile_zmm(w, y, steps, out)
+            }
+        }
+    }
+
+    /// `tiles::dot_float_rows` (F16 weights if `F16`, else F32): the tile kernel on the
+    /// groups of `tiles::dot_rows`, then on the rest one by one; with one activation row of
+    /// F32 weights, row after row, each prefetched a few rows ahead.
     ///
     /// # Safety
     /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
-    /// row of `w` of four times that many bytes; `out` as long as `w`.
+    /// row of `w` of two (F16) or four (F32) times that many bytes; `out` as long as `w`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot_f32_rows_zmm<const RN: usize>(
+    pub(super) unsafe fn dot_float_rows_zmm<const RN: usize, const F16: bool>(
         w: StridedRows<'_>,
         y: &[&[f32]; RN],
         out: &mut [[f32; RN]],
     ) {
         let steps = y.first().map_or(0, |r| r.len()) / 32;
         let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
-        if RN == 1 {
+        if RN == 1 && !F16 {
             // one activation row (the output projection of the last token): the weights
             // stream from memory; row after row, each prefetched a few rows ahead
             let count = w.count();
@@ -1802,9 +1780,10 @@ mod x86 {
             w,
             out,
             // SAFETY: the caller's guarantees, row by row.
-            |g, o| unsafe { dot_f32_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
+            |g, o| unsafe { dot_float_tile_zmm::<4, RN, F16>(g.map(|r| r.as_ptr()), yp, steps, o) },
             |r, o| unsafe {
-                dot_f32_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
+                let o = std::array::from_mut(o);
+                dot_float_tile_zmm::<1, RN, F16>([r.as_ptr()], yp, steps, o);
             },
         );
     }
