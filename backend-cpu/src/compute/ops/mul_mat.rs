@@ -399,6 +399,10 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     );
     let cols = if tiles.is_some() {
         tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else if layout.rows() == 1 && matches!(row_kernel, Some(RowKernel::Float(_))) {
+        // one activation row (generation): the float row kernel streams the weights in one
+        // pass, so a few long parts per thread rather than many cache-sized tiles
+        col_chunk(&weights).max(layout.ne[0].div_ceil(4 * node.pool.threads()))
     } else {
         col_chunk(&weights)
     };

@@ -253,6 +253,37 @@ pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
     None
 }
 
+/// The one-activation-row float kernel with `G` rows per group and prefetch distance `PF`,
+/// for the throughput test; `None` where the CPU lacks AVX-512 F or the rows have a tail.
+#[cfg(test)]
+pub(super) fn dot_float_row1_variant<const G: usize, const PF: usize>(
+    kind: tiles::FloatRows,
+    w: StridedRows<'_>,
+    y: &[f32],
+    out: &mut [f32],
+) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ok = w.row_len() == kind.bytes() * y.len() && out.len() == w.count();
+        if ok && dot_float_rows_fast(y.len()) {
+            let steps = y.len() / 32;
+            // SAFETY: features and lengths checked.
+            unsafe {
+                match kind {
+                    tiles::FloatRows::F16 => {
+                        x86::dot_float_row1_zmm::<true, G, PF>(w, y.as_ptr(), steps, out)
+                    }
+                    tiles::FloatRows::F32 => {
+                        x86::dot_float_row1_zmm::<false, G, PF>(w, y.as_ptr(), steps, out)
+                    }
+                }
+            }
+            return Some(());
+        }
+    }
+    None
+}
+
 /// The AVX-512 VNNI tile kernel forced for any shape (even `RM`), for the throughput test;
 /// `None` where the CPU lacks it.
 #[cfg(test)]
@@ -1717,8 +1748,12 @@ mod x86 {
         }
     }
 
-    /// Rows ahead that the one-activation-row float loop prefetches.
-    const PREFETCH_ROWS: usize = 6;
+    /// Consecutive weight rows per pass of the one-activation-row float loop.
+    const ROW1_GROUP: usize = 4;
+
+    /// Bytes ahead of the current weight rows that the one-activation-row float loop
+    /// prefetches.
+    const ROW1_PREFETCH: usize = 4096;
 
     /// [`dot_f16_tile_zmm`] (`F16`) or [`dot_f32_tile_zmm`] on the same arguments.
     ///
@@ -1741,6 +1776,49 @@ mod x86 {
         }
     }
 
+    /// `tiles::dot_float_rows` with one activation row (generation), whose weights stream
+    /// from memory (the output projection, several MB): in one sequential stream,
+    /// consecutive rows `G` at a time through the tile kernel, each group's rows prefetched
+    /// `PF` bytes ahead (none if 0), then the rest one by one.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `32 * steps` f32 at `y`; every row of `w` at least
+    /// `64 * steps` (F16) or `128 * steps` bytes; `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_float_row1_zmm<const F16: bool, const G: usize, const PF: usize>(
+        w: StridedRows<'_>,
+        y: *const f32,
+        steps: usize,
+        out: &mut [f32],
+    ) {
+        let groups = w.count() / G;
+        let (head, tail) = out.split_at_mut(groups * G);
+        let (head, _) = head.as_chunks_mut::<G>();
+        for (g, o) in head.iter_mut().enumerate() {
+            let first = g * G;
+            let rows: [*const u8; G] = std::array::from_fn(|i| w.row(first + i).as_ptr());
+            if PF > 0 {
+                for &r in &rows {
+                    for line in (0..w.row_len()).step_by(64) {
+                        // a hint (nothing is read, any address is allowed)
+                        _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(PF + line).cast());
+                    }
+                }
+            }
+            let mut res = [[0f32; 1]; G];
+            // SAFETY: the caller's guarantees for rows `first..first + G`.
+            unsafe { dot_float_tile_zmm::<G, 1, F16>(rows, [y], steps, &mut res) };
+            *o = res.map(|[v]| v);
+        }
+        for (n, o) in tail.iter_mut().enumerate() {
+            let r = w.row(groups * G + n).as_ptr();
+            let mut res = [[0f32; 1]];
+            // SAFETY: the caller's guarantees for that row.
+            unsafe { dot_float_tile_zmm::<1, 1, F16>([r], [y], steps, &mut res) };
+            *o = res[0][0];
+        }
+    }
+
     /// `tiles::dot_float_rows` (F16 weights if `F16`, else F32): the tile kernel on the
     /// groups of `tiles::dot_rows`, then on the rest one by one; with one activation row of
     /// F32 weights, row after row, each prefetched a few rows ahead.
@@ -1756,24 +1834,16 @@ mod x86 {
     ) {
         let steps = y.first().map_or(0, |r| r.len()) / 32;
         let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
-        if RN == 1 && !F16 {
-            // one activation row (the output projection of the last token): the weights
-            // stream from memory; row after row, each prefetched a few rows ahead
-            let count = w.count();
-            for (n, o) in out.iter_mut().enumerate().take(count) {
-                if n + PREFETCH_ROWS < count {
-                    let ahead = w.row(n + PREFETCH_ROWS);
-                    for line in (0..ahead.len()).step_by(64) {
-                        // SAFETY: a hint for an address inside the row (nothing is read).
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line).cast()) };
-                    }
-                }
-                // SAFETY: the caller's guarantees for row `n`.
-                unsafe {
-                    let o = std::array::from_mut(o);
-                    dot_f32_tile_zmm::<1, RN>([w.row(n).as_ptr()], yp, steps, o);
-                }
-            }
+        if RN == 1 {
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(
+                    w,
+                    yp[0],
+                    steps,
+                    out.as_flattened_mut(),
+                )
+            };
             return;
         }
         tiles::for_each_group(

@@ -802,6 +802,73 @@ mod throughput {
             .collect()
     }
 
+    /// One activation row against a 32000 x 256 weight matrix (the tiny models' output
+    /// projection), F16 and F32, for several group sizes and prefetch distances:
+    /// `cargo test --release -p backend-cpu row1_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn row1_throughput() {
+        let (k, rows) = (256usize, 32000usize);
+        let mut seed = 5u64;
+        let y: Vec<f32> = bytes(k, &mut seed)
+            .iter()
+            .map(|&b| f32::from(b) / 64.0)
+            .collect();
+        for kind in [FloatRows::F16, FloatRows::F32] {
+            let rb = kind.bytes() * k;
+            let mut w = bytes(rows * rb, &mut seed);
+            if kind == FloatRows::F16 {
+                w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b);
+            }
+            let sw = StridedRows::new(&w, rb, rb, rows).unwrap();
+            let mut out = vec![0f32; rows];
+            let best = |f: &mut dyn FnMut(&mut [f32])| {
+                let mut o = vec![0f32; rows];
+                (0..40)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f(&mut o);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min)
+                    * 1e6
+            };
+            let yr = [&y[..]];
+            let cur = best(&mut |o| {
+                let (o, _) = o.as_chunks_mut::<1>();
+                dot_float_rows(kind, sw, &yr, o).unwrap();
+            });
+            let mut v = vec![];
+            macro_rules! variant {
+                ($g:literal, $pf:literal) => {
+                    let t = best(&mut |o| {
+                        super::super::simd::dot_float_row1_variant::<$g, $pf>(kind, sw, &y, o)
+                            .unwrap()
+                    });
+                    v.push(format!("g{} pf{} {t:.0}", $g, $pf));
+                };
+            }
+            variant!(1, 0);
+            variant!(4, 0);
+            variant!(4, 1024);
+            variant!(4, 2048);
+            variant!(4, 4096);
+            variant!(4, 8192);
+            variant!(8, 0);
+            variant!(8, 4096);
+            variant!(2, 2048);
+            let (o, _) = out.as_chunks_mut::<1>();
+            dot_float_rows(kind, sw, &yr, o).unwrap();
+            println!(
+                "{kind:?} row1 {:.2} MB: current {cur:.0} us ({:.1} GB/s); {} ({})",
+                (rows * rb) as f64 / 1e6,
+                (rows * rb) as f64 / 1e3 / cur,
+                v.join(", "),
+                out[7]
+            );
+        }
+    }
+
     #[test]
     #[ignore]
     fn tile_throughput() {
