@@ -849,14 +849,13 @@ mod throughput {
                 };
             }
             variant!(1, 0);
+            variant!(2, 0);
             variant!(4, 0);
-            variant!(4, 1024);
-            variant!(4, 2048);
+            variant!(2, 4096);
+            variant!(2, 16384);
             variant!(4, 4096);
-            variant!(4, 8192);
-            variant!(8, 0);
-            variant!(8, 4096);
-            variant!(2, 2048);
+            variant!(4, 16384);
+            variant!(8, 16384);
             let (o, _) = out.as_chunks_mut::<1>();
             dot_float_rows(kind, sw, &yr, o).unwrap();
             println!(
