@@ -1748,11 +1748,17 @@ mod x86 {
         }
     }
 
+    /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).
+    const ROW1_GROUP: usize = 3;
+
     /// Bytes ahead of the current weight rows that the one-activation-row float loop
-    /// prefetches. In llama-bench tg on the tiny models (16 MB F16 / 32 MB F32 output
-    /// projection, server CPU time): no prefetch 1.8x the time of 8 KiB in F16; 4 KiB about
-    /// 1.2x; 8 to 32 KiB within the noise of each other. The group sizes (two F16 rows, four
-    /// F32 rows) were the best of one to eight, by a few percent.
+    /// prefetches. Measured with `tiles::throughput::row1_throughput` (a 32000 x 256 matrix,
+    /// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40),
+    /// in us per pass, F16 / F32: without prefetch, two rows per group, 309 / 1439; three
+    /// rows, 16 KiB ahead, 220 / 650; two rows 8 KiB ahead 215 / 725, 16 KiB 230 / 700,
+    /// 32 KiB 285 / 850; four rows 16 KiB 250 / 950; one row 16 KiB 277 / 850. Prefetching
+    /// into L2 only (T1) or non-temporally (NTA) was slower or the same. In llama-bench tg32
+    /// on the tiny F16 model, server CPU time without prefetch 1.8x that with it.
     const ROW1_PREFETCH: usize = 16384;
 
     /// [`dot_f16_tile_zmm`] (`F16`) or [`dot_f32_tile_zmm`] on the same arguments.
@@ -1821,7 +1827,7 @@ mod x86 {
 
     /// `tiles::dot_float_rows` (F16 weights if `F16`, else F32): the tile kernel on the
     /// groups of `tiles::dot_rows`, then on the rest one by one; with one activation row,
-    /// [`dot_float_row1_zmm`] (two F16 or four F32 rows per group).
+    /// [`dot_float_row1_zmm`].
     ///
     /// # Safety
     /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
@@ -1838,11 +1844,7 @@ mod x86 {
             // SAFETY: the caller's guarantees.
             unsafe {
                 let (y, o) = (yp[0], out.as_flattened_mut());
-                if F16 {
-                    dot_float_row1_zmm::<F16, 2, ROW1_PREFETCH>(w, y, steps, o)
-                } else {
-                    dot_float_row1_zmm::<F16, 4, ROW1_PREFETCH>(w, y, steps, o)
-                }
+                dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(w, y, steps, o)
             };
             return;
         }

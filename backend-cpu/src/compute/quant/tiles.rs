@@ -848,14 +848,13 @@ mod throughput {
                     v.push(format!("g{} pf{} {t:.0}", $g, $pf));
                 };
             }
-            variant!(1, 0);
             variant!(2, 0);
-            variant!(4, 0);
-            variant!(2, 4096);
+            variant!(1, 16384);
+            variant!(2, 8192);
             variant!(2, 16384);
-            variant!(4, 4096);
+            variant!(2, 32768);
+            variant!(3, 16384);
             variant!(4, 16384);
-            variant!(8, 16384);
             let (o, _) = out.as_chunks_mut::<1>();
             dot_float_rows(kind, sw, &yr, o).unwrap();
             println!(
