@@ -1664,90 +1664,6 @@ mod x86 {
         hsum8(v8)
     }
 
-    /// `RM` F16 weight rows at `w` times `RN` widened activation rows at `y`, `steps` steps
-    /// of 32 values: per output the 32 lanes of [`vec_dot_f16`] as two zmm (lanes 0..16 and
-    /// 16..32), each step's products added to them (multiply, then add), and the same
-    /// reduction: `lo + hi` is `[acc0 + acc2 | acc1 + acc3]` of the AVX2 kernel's four
-    /// vectors, and its halves' sum the AVX2 kernel's `(acc0 + acc2) + (acc1 + acc3)`.
-    ///
-    /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; `64 * steps` readable bytes at every `w[i]`, `32 *
-    /// steps` f32 at every `y[j]`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_f16_tile_zmm<const RM: usize, const RN: usize>(
-        w: [*const u8; RM],
-        y: [*const f32; RN],
-        steps: usize,
-        out: &mut [[f32; RN]; RM],
-    ) {
-        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
-        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
-        for s in 0..steps {
-            for i in 0..RM {
-                // SAFETY: step `s` lies inside the rows (the caller's guarantee).
-                let x0 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s).cast()));
-                let x1 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s + 32).cast()));
-                for j in 0..RN {
-                    let y0 = _mm512_loadu_ps(y[j].add(32 * s));
-                    let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
-                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
-                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
-                }
-            }
-        }
-        for i in 0..RM {
-            for j in 0..RN {
-                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
-            }
-        }
-    }
-
-    /// `RM` F32 weight rows at `w` times `RN` activation rows at `y`, `steps` steps of 32
-    /// values: per output the 32 lanes of `float::vec_dot_f32` as two zmm, each step's
-    /// products added to them (multiply, then add: no FMA, so the portable bits), and the
-    /// reduction of [`dot_f16_tile_zmm`].
-    ///
-    /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; `128 * steps` readable bytes at every `w[i]`, `32 *
-    /// steps` f32 at every `y[j]`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_f32_tile_zmm<const RM: usize, const RN: usize>(
-        w: [*const u8; RM],
-        y: [*const f32; RN],
-        steps: usize,
-        out: &mut [[f32; RN]; RM],
-    ) {
-        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
-        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
-        // the step's two halves one after the other, each activation half loaded once: 24
-        // accumulators, three activation vectors, a weight vector and a product fit in the
-        // 32 zmm (both halves at once spill)
-        for s in 0..steps {
-            // SAFETY: step `s` lies inside the rows (the caller's guarantee).
-            let y0: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s)));
-            for i in 0..RM {
-                let x0 = _mm512_loadu_ps(w[i].add(128 * s).cast());
-                for j in 0..RN {
-                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0[j]));
-                }
-            }
-            let y1: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s + 16)));
-            for i in 0..RM {
-                let x1 = _mm512_loadu_ps(w[i].add(128 * s + 64).cast());
-                for j in 0..RN {
-                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1[j]));
-                }
-            }
-        }
-        for i in 0..RM {
-            for j in 0..RN {
-                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
-            }
-        }
-    }
-
     /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).
     const ROW1_GROUP: usize = 3;
 
@@ -1761,23 +1677,103 @@ mod x86 {
     /// on the tiny F16 model, server CPU time without prefetch 1.8x that with it.
     const ROW1_PREFETCH: usize = 16384;
 
-    /// [`dot_f16_tile_zmm`] (`F16`) or [`dot_f32_tile_zmm`] on the same arguments.
+    /// Half `h` (values `16 h .. 16 h + 16`) of step `s` (32 values) of a float weight row
+    /// at `w` (F16 if `F16`, else F32), widened to f32.
     ///
     /// # Safety
-    /// Those of the kernel taken.
+    /// AVX-512 F and F16C; the step lies inside the row.
     #[inline(always)]
+    unsafe fn weight_half<const F16: bool>(w: *const u8, s: usize, h: usize) -> __m512 {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(w.add(64 * s + 32 * h).cast()))
+            } else {
+                _mm512_loadu_ps(w.add(128 * s + 64 * h).cast())
+            }
+        }
+    }
+
+    /// The accumulators of half `h` of [`dot_float_tile_zmm`]'s lanes over all the steps.
+    ///
+    /// # Safety
+    /// Those of [`dot_float_tile_zmm`], whose features it is inlined with.
+    #[inline(always)]
+    unsafe fn float_half_pass<const RM: usize, const RN: usize, const F16: bool>(
+        w: [*const u8; RM],
+        y: [*const f32; RN],
+        steps: usize,
+        h: usize,
+    ) -> [[__m512; RN]; RM] {
+        // SAFETY: the caller's guarantees (features; step `s` inside the rows).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); RN]; RM];
+            for s in 0..steps {
+                let yv: [__m512; RN] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s + 16 * h)));
+                for i in 0..RM {
+                    let x = weight_half::<F16>(w[i], s, h);
+                    for j in 0..RN {
+                        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(x, yv[j]));
+                    }
+                }
+            }
+            acc
+        }
+    }
+
+    /// `RM` float weight rows at `w` (F16 if `F16`, else F32 little-endian) times `RN`
+    /// activation rows at `y` (f32; for F16 weights exact widenings of F16 values), `steps`
+    /// steps of 32 values: per output the 32 lanes of `float::vec_dot_f16` /
+    /// `float::vec_dot_f32` as two zmm (`lo`: lanes 0..16, `hi`: 16..32), each step's
+    /// products added to them in step order (multiply, then add: no FMA, so the portable
+    /// bits), and the reduction of [`reduce_halves`] (that of the AVX2 `vec_dot_f16`).
+    ///
+    /// With more than four outputs the `lo` lanes of all steps go first, then the `hi` lanes
+    /// (each accumulator sees the same additions in the same order, so the same bits): the
+    /// accumulators of one half, the activation vectors, a weight vector and a product fit in
+    /// the 32 zmm, where both halves at once spill to the stack (4 x 3 tiles: 24 accumulators).
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `64 * steps` (F16) or `128 * steps` (F32) readable
+    /// bytes at every `w[i]`, `32 * steps` f32 at every `y[j]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn dot_float_tile_zmm<const RM: usize, const RN: usize, const F16: bool>(
         w: [*const u8; RM],
         y: [*const f32; RN],
         steps: usize,
         out: &mut [[f32; RN]; RM],
     ) {
-        // SAFETY: the caller's guarantees.
-        unsafe {
-            if F16 {
-                dot_f16_tile_zmm(w, y, steps, out)
-            } else {
-                dot_f32_tile_zmm(w, y, steps, out)
+        let (lo, hi) = if RM * RN > 4 {
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                (
+                    float_half_pass::<RM, RN, F16>(w, y, steps, 0),
+                    float_half_pass::<RM, RN, F16>(w, y, steps, 1),
+                )
+            }
+        } else {
+            let mut lo = [[_mm512_setzero_ps(); RN]; RM];
+            let mut hi = [[_mm512_setzero_ps(); RN]; RM];
+            for s in 0..steps {
+                for i in 0..RM {
+                    // SAFETY: step `s` lies inside the rows (the caller's guarantee).
+                    let x0 = unsafe { weight_half::<F16>(w[i], s, 0) };
+                    let x1 = unsafe { weight_half::<F16>(w[i], s, 1) };
+                    for j in 0..RN {
+                        let y0 = _mm512_loadu_ps(y[j].add(32 * s));
+                        let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
+                        lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
+                        hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
+                    }
+                }
+            }
+            (lo, hi)
+        };
+        for i in 0..RM {
+            for j in 0..RN {
+                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
             }
         }
     }
