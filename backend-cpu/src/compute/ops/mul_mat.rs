@@ -26,8 +26,10 @@
 //! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
 //! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
 //! with the bits of `quant::vec_dot`; with AVX-512 F both F16 and F32 weights take
-//! register-blocked kernels instead (`quant::dot_float_rows`: four
-//! weight rows by three activation rows per step, like tinyBLAS's F32 tiles), and Q4_K
+//! register-blocked kernels instead (`quant::dot_float_rows`: four weight rows by three
+//! activation rows per step, like tinyBLAS's F32 tiles; with a single activation row, as in
+//! generation, three consecutive weight rows at a time with software prefetch, over a few
+//! long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
 //! for eight activation rows), all again with the bits of `quant::vec_dot`.
 //!

@@ -23,9 +23,10 @@
 //! loaded once for the four rows): in cache about 1.5x the AVX-VNNI kernel's speed (Q4_0,
 //! Q8_0), streaming from memory up to 15% faster for Q4_0 (measured on Zen 5).
 //!
-//! The F16 MUL_MAT (attention without flash attention) has an AVX-512 F tile kernel with the
-//! 32 lanes of `float::vec_dot_f16` in two zmm per output; the F32 MUL_MAT the same kernel
-//! on F32 rows (the 32 lanes of `float::vec_dot_f32`, multiply then add, no FMA). The Q4_K
+//! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
+//! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
+//! FMA). With one activation row (generation: the output projection streams several MB of
+//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead. The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
 //! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`.
