@@ -26,8 +26,10 @@
 //! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
 //! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
 //! with the bits of `quant::vec_dot`; with AVX-512 F both F16 and F32 weights take
-//! register-blocked kernels instead (`quant::dot_f16_rows`, `quant::dot_f32_rows`: four
-//! weight rows by three activation rows per step, like tinyBLAS's F32 tiles), and Q4_K
+//! register-blocked kernels instead (`quant::dot_float_rows`: four weight rows by three
+//! activation rows per step, like tinyBLAS's F32 tiles; with a single activation row, as in
+//! generation, three consecutive weight rows at a time with software prefetch, over a few
+//! long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
 //! for eight activation rows), all again with the bits of `quant::vec_dot`.
 //!
@@ -75,8 +77,8 @@ enum Prepared {
     Bytes { stride: usize, bytes: Vec<u8> },
     /// Q8_0 rows laid out for the tile kernels of Q4_0 / Q8_0 weights (MUL_MAT).
     Tiles(quant::Q8Rows),
-    /// For F16 / F32 weights with a register-blocked kernel (`quant::dot_f16_rows`,
-    /// `quant::dot_f32_rows`, MUL_MAT): the rows converted as for `Bytes` (rounded to F16 for
+    /// For F16 / F32 weights with a register-blocked kernel (`quant::dot_float_rows`,
+    /// MUL_MAT): the rows converted as for `Bytes` (rounded to F16 for
     /// F16 weights), then widened back to f32 (exactly), `k` per row.
     F16(Vec<f32>),
 }
@@ -84,8 +86,8 @@ enum Prepared {
 impl Prepared {
     /// Converts every row of `x` (in the order of `x.layout.row_index`), for `widen`ed float
     /// weights of type `weight_type` or for `quant::vec_dot` with them; for the tile kernels
-    /// if `tiles` names their weight format, or for `quant::dot_f16_rows` /
-    /// `quant::dot_f32_rows` if `f16_tiles` (F16 / F32 weights).
+    /// if `tiles` names their weight format, or for `quant::dot_float_rows`
+    /// if `f16_tiles` (F16 / F32 weights).
     fn new(
         node: &Node<'_>,
         weight_type: u32,
@@ -320,12 +322,9 @@ struct Scratch {
     out: Vec<f32>,
     /// The same, encoded.
     bytes: Vec<u8>,
-    /// Tile kernels: the results per weight row, for three activation rows or one.
-    out3: Vec<[f32; KERNEL_ROWS]>,
-    out4: Vec<[f32; 4]>,
-    /// Q4_K row kernel: the results per weight row for [`Q4K_ROWS`] activation rows.
-    out8: Vec<[f32; Q4K_ROWS]>,
-    out1: Vec<[f32; 1]>,
+    /// Tile and row kernels ([`grouped_part`]): a group's results, per weight row one value
+    /// per activation row of the group.
+    group: Vec<f32>,
 }
 
 impl Scratch {
@@ -388,7 +387,7 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let tiles = quant::Q0::of(w.layout.type_id).filter(|_| !weights.widen);
     // F16, F32 and Q4_K weights: the register-blocked row kernels where the CPU has them
     let row_kernel = RowKernel::of(w.layout.type_id, k).filter(|_| !weights.widen);
-    let f16_tiles = matches!(row_kernel, Some(RowKernel::F16 | RowKernel::F32));
+    let f16_tiles = matches!(row_kernel, Some(RowKernel::Float(_)));
     let prepared = Prepared::new(
         node,
         w.layout.type_id,
@@ -402,6 +401,10 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     );
     let cols = if tiles.is_some() {
         tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else if layout.rows() == 1 && matches!(row_kernel, Some(RowKernel::Float(_))) {
+        // one activation row (generation): the float row kernel streams the weights in one
+        // pass, so a few long parts per thread rather than many cache-sized tiles
+        col_chunk(&weights).max(layout.ne[0].div_ceil(4 * node.pool.threads()))
     } else {
         col_chunk(&weights)
     };
@@ -409,34 +412,35 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     node.pool
         .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
             let cols = part.cols();
+            let s = (r2, r3);
             if let Prepared::Tiles(rows) = &prepared {
-                let s = (r2, r3);
-                if quant::dot_rows_wide() {
-                    let mut out4 = std::mem::take(&mut scratch.out4);
-                    let done = tiled_part(
+                // the tile-kernel activation row of destination row `r`
+                let activation = |r: usize| {
+                    let row = x.layout.row_number(layout.row_index(r));
+                    rows.row(row)
+                        .ok_or_else(|| internal("MUL_MAT activation row out of range"))
+                };
+                let (kind, part) = (rows.kind(), &mut part);
+                return match quant::dot_rows_wide() {
+                    true => grouped_part::<_, 4>(
                         &weights,
-                        rows,
-                        &x,
+                        &kind,
+                        &activation,
                         s,
                         &layout,
-                        (scratch, &mut out4),
-                        &mut part,
-                    );
-                    scratch.out4 = out4;
-                    return done;
-                }
-                let mut out3 = std::mem::take(&mut scratch.out3);
-                let done = tiled_part(
-                    &weights,
-                    rows,
-                    &x,
-                    s,
-                    &layout,
-                    (scratch, &mut out3),
-                    &mut part,
-                );
-                scratch.out3 = out3;
-                return done;
+                        scratch,
+                        part,
+                    ),
+                    false => grouped_part::<_, KERNEL_ROWS>(
+                        &weights,
+                        &kind,
+                        &activation,
+                        s,
+                        &layout,
+                        scratch,
+                        part,
+                    ),
+                };
             }
             if let Some(kernel) = row_kernel {
                 // the prepared activation row of destination row `r`
@@ -453,35 +457,27 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                     };
                     found.ok_or_else(|| internal("MUL_MAT activation row out of range"))
                 };
-                let s = (r2, r3);
-                if kernel == RowKernel::Q4K {
-                    let mut out8 = std::mem::take(&mut scratch.out8);
-                    let done = rows_part(
+                let part = &mut part;
+                return match kernel {
+                    RowKernel::Q4K => grouped_part::<_, Q4K_ROWS>(
                         &weights,
-                        kernel,
+                        &kernel,
                         &activation,
                         s,
                         &layout,
                         scratch,
-                        &mut out8,
-                        &mut part,
-                    );
-                    scratch.out8 = out8;
-                    return done;
-                }
-                let mut out3 = std::mem::take(&mut scratch.out3);
-                let done = rows_part(
-                    &weights,
-                    kernel,
-                    &activation,
-                    s,
-                    &layout,
-                    scratch,
-                    &mut out3,
-                    &mut part,
-                );
-                scratch.out3 = out3;
-                return done;
+                        part,
+                    ),
+                    RowKernel::Float(_) => grouped_part::<_, KERNEL_ROWS>(
+                        &weights,
+                        &kernel,
+                        &activation,
+                        s,
+                        &layout,
+                        scratch,
+                        part,
+                    ),
+                };
             }
             scratch.size(cols.len(), if weights.widen { k } else { 0 });
             let mut widened: Option<(usize, usize)> = None;
@@ -508,93 +504,12 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         })
 }
 
-/// A MUL_MAT tile with Q4_0 / Q8_0 weights: destination rows in groups of `N` (three, or
-/// four where `quant::dot_rows_wide`: 6% less CPU time in pp64 with the AVX-512 kernel)
-/// that share their weight matrix (the rest one by one), each group against all the tile's
-/// weight rows in one call of the tile kernels; `outn` holds a group's results.
-fn tiled_part<'w, const N: usize>(
-    weights: &Weights<'w>,
-    rows: &quant::Q8Rows,
-    x: &SrcView<'_>,
-    (r2, r3): (usize, usize),
-    layout: &Layout,
-    (scratch, outn): (&mut Scratch, &mut Vec<[f32; N]>),
-    part: &mut DstPart<'_>,
-) -> Result<()> {
-    let cols = part.cols();
-    let width = cols.len();
-    scratch.out.resize(N * width, 0.0);
-    scratch.bytes.resize(width * 4, 0);
-    let kind = rows.kind();
-    let activation = |r: usize| {
-        let row = x.layout.row_number(layout.row_index(r));
-        rows.row(row)
-            .ok_or_else(|| internal("MUL_MAT activation row out of range"))
-    };
-    let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
-    let dst_rows = part.rows();
-    let mut r = dst_rows.start;
-    while r < dst_rows.end {
-        let [_, i2, i3] = layout.row_index(r);
-        let matrix = (i2 / r2, i3 / r3);
-        let rows = match w {
-            Some((m, rows)) if m == matrix => rows,
-            _ => {
-                let rows = weights.tile_rows(cols.start, width, matrix)?;
-                w = Some((matrix, rows));
-                rows
-            }
-        };
-        let same = (0..N).all(|n| {
-            r + n < dst_rows.end && {
-                let [_, j2, j3] = layout.row_index(r + n);
-                (j2 / r2, j3 / r3) == matrix
-            }
-        });
-        let n = if same {
-            let mut y = [activation(r)?; N];
-            for (j, y) in y.iter_mut().enumerate().skip(1) {
-                *y = activation(r + j)?;
-            }
-            outn.resize(width, [0.0; N]);
-            quant::dot_rows(kind, rows, &y, outn)?;
-            for (c, o) in outn.iter().enumerate() {
-                for (j, &v) in o.iter().enumerate() {
-                    scratch.out[j * width + c] = v;
-                }
-            }
-            N
-        } else {
-            let out1 = &mut scratch.out1;
-            out1.resize(width, [0.0]);
-            quant::dot_rows(kind, rows, &[activation(r)?], out1)?;
-            for (o, v) in scratch.out.iter_mut().zip(out1.iter()) {
-                *o = v[0];
-            }
-            1
-        };
-        for j in 0..n {
-            let row = &scratch.out[j * width..(j + 1) * width];
-            if cfg!(target_endian = "little") {
-                // F32 little-endian is the values' own bytes
-                part.write(r + j, cols.start, bytemuck::cast_slice(row))?;
-            } else {
-                encode(Scalar::F32, row, &mut scratch.bytes);
-                part.write(r + j, cols.start, &scratch.bytes)?;
-            }
-        }
-        r += n;
-    }
-    Ok(())
-}
-
-/// The weight formats with a register-blocked row kernel in [`rows_part`].
+/// The weight formats with a register-blocked row kernel in [`grouped_part`] (besides the
+/// Q4_0 / Q8_0 tile kernels).
 #[derive(Clone, Copy, PartialEq)]
 enum RowKernel {
-    /// `quant::dot_f16_rows` ([`Prepared::F16`] activations).
-    F16,
-    /// `quant::dot_f32_rows` ([`Prepared::F16`] activations).
-    F32,
+    /// `quant::dot_float_rows` on F16 or F32 weights ([`Prepared::F16`] activations).
+    Float(quant::FloatRows),
     /// `quant::dot_q4_k_rows` (Q8_K rows of [`Prepared::Bytes`]).
     Q4K,
 }
@@ -603,17 +518,46 @@ impl RowKernel {
     /// The kernel for weights of `type_id` read in place with rows of `k` values, if any.
     fn of(type_id: u32, k: usize) -> Option<RowKernel> {
         match type_id {
-            ty::F16 if quant::dot_f16_rows_fast(k) => Some(RowKernel::F16),
-            ty::F32 if quant::dot_f16_rows_fast(k) => Some(RowKernel::F32),
+            ty::F16 if quant::dot_float_rows_fast(k) => {
+                Some(RowKernel::Float(quant::FloatRows::F16))
+            }
+            ty::F32 if quant::dot_float_rows_fast(k) => {
+                Some(RowKernel::Float(quant::FloatRows::F32))
+            }
             ty::Q4_K => Some(RowKernel::Q4K),
             _ => None,
         }
     }
+}
 
-    /// `out[n][j]` = weight row `n` of `w` times activation row `y[j]` (bytes of f32 values
-    /// for the float kernels, Q8_K rows for Q4_K).
-    fn run<'y, const RN: usize>(
-        self,
+/// A kernel of [`grouped_part`]: `out[n][j]` = weight row `n` of `w` times activation row
+/// `y[j]`, for `RN` activation rows of type `Y` at a time.
+trait GroupKernel<Y> {
+    fn run<const RN: usize>(
+        &self,
+        w: quant::StridedRows<'_>,
+        y: &[Y; RN],
+        out: &mut [[f32; RN]],
+    ) -> Result<()>;
+}
+
+/// The Q4_0 / Q8_0 tile kernels on the rows of `quant::Q8Rows`.
+impl GroupKernel<quant::Q8Row<'_>> for quant::Q0 {
+    fn run<const RN: usize>(
+        &self,
+        w: quant::StridedRows<'_>,
+        y: &[quant::Q8Row<'_>; RN],
+        out: &mut [[f32; RN]],
+    ) -> Result<()> {
+        quant::dot_rows(*self, w, y, out)
+    }
+}
+
+/// The row kernels on activation rows as bytes: those of f32 values for the float kernels,
+/// Q8_K rows for Q4_K.
+impl<'y> GroupKernel<&'y [u8]> for RowKernel {
+    fn run<const RN: usize>(
+        &self,
         w: quant::StridedRows<'_>,
         y: &[&'y [u8]; RN],
         out: &mut [[f32; RN]],
@@ -621,41 +565,38 @@ impl RowKernel {
         let floats = |r: &'y [u8]| -> Result<&'y [f32]> {
             bytemuck::try_cast_slice(r).map_err(|_| internal("MUL_MAT activations misaligned"))
         };
-        match self {
-            RowKernel::F16 | RowKernel::F32 => {
+        match *self {
+            RowKernel::Float(kind) => {
                 let mut v: [&[f32]; RN] = [&[]; RN];
                 for (v, r) in v.iter_mut().zip(y) {
                     *v = floats(r)?;
                 }
-                if self == RowKernel::F32 {
-                    quant::dot_f32_rows(w, &v, out)
-                } else {
-                    quant::dot_f16_rows(w, &v, out)
-                }
+                quant::dot_float_rows(kind, w, &v, out)
             }
             RowKernel::Q4K => quant::dot_q4_k_rows(w, y, out),
         }
     }
 }
 
-/// A MUL_MAT tile with a [`RowKernel`]: destination rows in groups of `N` that share their
-/// weight matrix (the rest one by one), each group against all the tile's weight rows in one
-/// call of the kernel; `activation(r)` is the prepared activation row of destination row `r`
-/// and `outn` holds a group's results.
-#[allow(clippy::too_many_arguments)]
-fn rows_part<'w, 'a, const N: usize>(
+/// A MUL_MAT tile with a [`GroupKernel`] (the Q4_0 / Q8_0 tile kernels, three activation
+/// rows at a time or four where `quant::dot_rows_wide`: 6% less CPU time in pp64 with the
+/// AVX-512 kernel; or a [`RowKernel`]): destination rows in groups of `N` that share their
+/// weight matrix (the rest one by one), each group against all the tile's weight rows in
+/// one call of the kernel; `activation(r)` is the prepared activation row of destination
+/// row `r`.
+fn grouped_part<'w, Y: Copy, const N: usize>(
     weights: &Weights<'w>,
-    kernel: RowKernel,
-    activation: &dyn Fn(usize) -> Result<&'a [u8]>,
+    kernel: &impl GroupKernel<Y>,
+    activation: &dyn Fn(usize) -> Result<Y>,
     (r2, r3): (usize, usize),
     layout: &Layout,
     scratch: &mut Scratch,
-    outn: &mut Vec<[f32; N]>,
     part: &mut DstPart<'_>,
 ) -> Result<()> {
     let cols = part.cols();
     let width = cols.len();
     scratch.out.resize(N * width, 0.0);
+    scratch.group.resize(N * width, 0.0);
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
@@ -681,7 +622,7 @@ fn rows_part<'w, 'a, const N: usize>(
             for (j, y) in y.iter_mut().enumerate().skip(1) {
                 *y = activation(r + j)?;
             }
-            outn.resize(width, [0.0; N]);
+            let (outn, _) = scratch.group[..N * width].as_chunks_mut::<N>();
             kernel.run(rows, &y, outn)?;
             for (c, o) in outn.iter().enumerate() {
                 for (j, &v) in o.iter().enumerate() {
@@ -690,8 +631,7 @@ fn rows_part<'w, 'a, const N: usize>(
             }
             N
         } else {
-            let out1 = &mut scratch.out1;
-            out1.resize(width, [0.0]);
+            let (out1, _) = scratch.group[..width].as_chunks_mut::<1>();
             kernel.run(rows, &[activation(r)?], out1)?;
             for (o, v) in scratch.out.iter_mut().zip(out1.iter()) {
                 *o = v[0];

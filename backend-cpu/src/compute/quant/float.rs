@@ -96,43 +96,58 @@ pub(super) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
 /// [`LANES`] f32 lanes (whole steps of `LANES` elements), then [`finish_dot`].
 #[inline(always)]
 fn dot<const W: usize>(x: &[u8], y: &[u8], get: impl Fn([u8; W]) -> f32) -> f32 {
+    lanes_dot(x, y, &get, &get)
+}
+
+/// Dot product of a row `x` of `WX`-byte elements decoded by `gx` with a row `y` of `WY`
+/// items of type `Y` per element decoded by `gy` (bytes, or values already widened to f32:
+/// `WY = 1`): products summed in [`LANES`] f32 lanes (whole steps of `LANES` elements), then
+/// [`finish_dot`]. Every decoding gives the same products in the same order, so the same bits.
+#[inline(always)]
+pub(super) fn lanes_dot<const WX: usize, const WY: usize, Y: Copy>(
+    x: &[u8],
+    y: &[Y],
+    gx: impl Fn([u8; WX]) -> f32,
+    gy: impl Fn([Y; WY]) -> f32,
+) -> f32 {
     let mut acc = [0f32; LANES];
-    let step = W * LANES;
-    let mut cx = x.chunks_exact(step);
-    let mut cy = y.chunks_exact(step);
+    let mut cx = x.chunks_exact(WX * LANES);
+    let mut cy = y.chunks_exact(WY * LANES);
     for (bx, by) in (&mut cx).zip(&mut cy) {
         let mut vx = [0f32; LANES];
         let mut vy = [0f32; LANES];
-        for (v, b) in vx.iter_mut().zip(bx.chunks_exact(W)) {
-            if let Some(b) = b.first_chunk::<W>() {
-                *v = get(*b);
+        for (v, b) in vx.iter_mut().zip(bx.chunks_exact(WX)) {
+            if let Some(b) = b.first_chunk::<WX>() {
+                *v = gx(*b);
             }
         }
-        for (v, b) in vy.iter_mut().zip(by.chunks_exact(W)) {
-            if let Some(b) = b.first_chunk::<W>() {
-                *v = get(*b);
+        for (v, b) in vy.iter_mut().zip(by.chunks_exact(WY)) {
+            if let Some(b) = b.first_chunk::<WY>() {
+                *v = gy(*b);
             }
         }
         for l in 0..LANES {
             acc[l] += vx[l] * vy[l];
         }
     }
-    finish_dot(acc, cx.remainder(), cy.remainder(), get)
+    finish_dot(acc, cx.remainder(), cy.remainder(), gx, gy)
 }
 
-/// The end of the float dot products: the tail (fewer than [`LANES`] elements) added into the
-/// first lanes, then the lanes reduced pairwise as ggml's `GGML_F32_VEC_REDUCE`.
+/// The end of the float dot products: the tail (fewer than [`LANES`] elements, decoded as in
+/// [`lanes_dot`]) added into the first lanes, then the lanes reduced pairwise as ggml's
+/// `GGML_F32_VEC_REDUCE`.
 #[inline(always)]
-pub(super) fn finish_dot<const W: usize>(
+pub(super) fn finish_dot<const WX: usize, const WY: usize, Y: Copy>(
     mut acc: [f32; LANES],
     x_tail: &[u8],
-    y_tail: &[u8],
-    get: impl Fn([u8; W]) -> f32,
+    y_tail: &[Y],
+    gx: impl Fn([u8; WX]) -> f32,
+    gy: impl Fn([Y; WY]) -> f32,
 ) -> f32 {
-    let tail = x_tail.chunks_exact(W).zip(y_tail.chunks_exact(W));
+    let tail = x_tail.chunks_exact(WX).zip(y_tail.chunks_exact(WY));
     for (a, (bx, by)) in acc.iter_mut().zip(tail) {
-        if let (Some(bx), Some(by)) = (bx.first_chunk::<W>(), by.first_chunk::<W>()) {
-            *a += get(*bx) * get(*by);
+        if let (Some(bx), Some(by)) = (bx.first_chunk::<WX>(), by.first_chunk::<WY>()) {
+            *a += gx(*bx) * gy(*by);
         }
     }
     let mut width = LANES / 2;
@@ -143,6 +158,19 @@ pub(super) fn finish_dot<const W: usize>(
         width /= 2;
     }
     acc[0]
+}
+
+/// `vec_dot_f16` of F16 row `x` with an F16 row given as its f32 values `y` (exact
+/// widenings): the same lanes, products and sums, so the same bits.
+#[inline(always)]
+pub(super) fn vec_dot_f16_widened(x: &[u8], y: &[f32]) -> f32 {
+    lanes_dot(x, y, get_f16, |[v]: [f32; 1]| v)
+}
+
+/// `vec_dot_f32` of F32 row `x` (little-endian bytes) with the values `y`: the same bits.
+#[inline(always)]
+pub(super) fn vec_dot_f32_widened(x: &[u8], y: &[f32]) -> f32 {
+    lanes_dot(x, y, f32::from_le_bytes, |[v]: [f32; 1]| v)
 }
 
 /// An f16 element.

@@ -23,9 +23,10 @@
 //! loaded once for the four rows): in cache about 1.5x the AVX-VNNI kernel's speed (Q4_0,
 //! Q8_0), streaming from memory up to 15% faster for Q4_0 (measured on Zen 5).
 //!
-//! The F16 MUL_MAT (attention without flash attention) has an AVX-512 F tile kernel with the
-//! 32 lanes of `float::vec_dot_f16` in two zmm per output; the F32 MUL_MAT the same kernel
-//! on F32 rows (the 32 lanes of `float::vec_dot_f32`, multiply then add, no FMA). The Q4_K
+//! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
+//! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
+//! FMA). With one activation row (generation: the output projection streams several MB of
+//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead. The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
 //! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`.
@@ -253,6 +254,37 @@ pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
     None
 }
 
+/// The one-activation-row float kernel with `G` rows per group and prefetch distance `PF`,
+/// for the throughput test; `None` where the CPU lacks AVX-512 F or the rows have a tail.
+#[cfg(test)]
+pub(super) fn dot_float_row1_variant<const G: usize, const PF: usize>(
+    kind: tiles::FloatRows,
+    w: StridedRows<'_>,
+    y: &[f32],
+    out: &mut [f32],
+) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ok = w.row_len() == kind.bytes() * y.len() && out.len() == w.count();
+        if ok && dot_float_rows_fast(y.len()) {
+            let steps = y.len() / 32;
+            // SAFETY: features and lengths checked.
+            unsafe {
+                match kind {
+                    tiles::FloatRows::F16 => {
+                        x86::dot_float_row1_zmm::<true, G, PF>(w, y.as_ptr(), steps, out)
+                    }
+                    tiles::FloatRows::F32 => {
+                        x86::dot_float_row1_zmm::<false, G, PF>(w, y.as_ptr(), steps, out)
+                    }
+                }
+            }
+            return Some(());
+        }
+    }
+    None
+}
+
 /// The AVX-512 VNNI tile kernel forced for any shape (even `RM`), for the throughput test;
 /// `None` where the CPU lacks it.
 #[cfg(test)]
@@ -403,9 +435,9 @@ pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
     [vec_dot_f16(x[0], y), vec_dot_f16(x[1], y)]
 }
 
-/// Whether [`dot_f16_rows`] takes the AVX-512 kernel for rows of `n` elements: whole steps of
-/// 32 (no tail) on a CPU with AVX-512 F.
-pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
+/// Whether [`dot_float_rows`] takes the AVX-512 kernels for rows of `n` elements: whole
+/// steps of 32 (no tail) on a CPU with AVX-512 F.
+pub(super) fn dot_float_rows_fast(n: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         n.is_multiple_of(float::LANES) && x86::has_avx512f()
@@ -417,9 +449,11 @@ pub(super) fn dot_f16_rows_fast(n: usize) -> bool {
     }
 }
 
-/// [`tiles::dot_f16_rows`] after its checks (every row of `w` twice as many bytes as each
-/// row of `y` has values, `out` as long as `w`).
-pub(super) fn dot_f16_rows<const RN: usize>(
+/// [`tiles::dot_float_rows`] after its checks (every row of `w` `kind.bytes()` times as many
+/// bytes as each row of `y` has values, `out` as long as `w`): the AVX-512 kernels where
+/// [`dot_float_rows_fast`] holds, else the portable `vec_dot` per pair (the same bits).
+pub(super) fn dot_float_rows<const RN: usize>(
+    kind: tiles::FloatRows,
     w: StridedRows<'_>,
     y: &[&[f32]; RN],
     out: &mut [[f32; RN]],
@@ -427,48 +461,22 @@ pub(super) fn dot_f16_rows<const RN: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         let n = y.first().map_or(0, |r| r.len());
-        if dot_f16_rows_fast(n) {
-            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
-            // the rows are whole steps of 32 values; the caller checked the lengths.
-            unsafe { x86::dot_f16_rows_zmm(w, y, out) };
+        if dot_float_rows_fast(n) {
+            // SAFETY: `dot_float_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
+            // the rows are whole steps of 32 values; the caller checked the lengths (each
+            // weight row `kind.bytes()` bytes per value).
+            unsafe {
+                match kind {
+                    tiles::FloatRows::F16 => x86::dot_float_rows_zmm::<RN, true>(w, y, out),
+                    tiles::FloatRows::F32 => x86::dot_float_rows_zmm::<RN, false>(w, y, out),
+                }
+            };
             return;
         }
     }
     for (n, o) in out.iter_mut().enumerate().take(w.count()) {
         for (o, y) in o.iter_mut().zip(y) {
-            *o = tiles::dot_f16_f32_portable(w.row(n), y);
-        }
-    }
-}
-
-/// [`tiles::dot_f32_rows`] after its checks (every row of `w` four times as many bytes as
-/// each row of `y` has values, `out` as long as `w`): the AVX-512 kernel where
-/// [`dot_f16_rows_fast`] holds (the same condition: AVX-512 F, whole steps of 32), else
-/// `float::vec_dot_f32` per pair (the same bits).
-pub(super) fn dot_f32_rows<const RN: usize>(
-    w: StridedRows<'_>,
-    y: &[&[f32]; RN],
-    out: &mut [[f32; RN]],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let n = y.first().map_or(0, |r| r.len());
-        if dot_f16_rows_fast(n) {
-            // SAFETY: `dot_f16_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
-            // the rows are whole steps of 32 values; the caller checked the lengths.
-            unsafe { x86::dot_f32_rows_zmm(w, y, out) };
-            return;
-        }
-    }
-    // the activation rows as the little-endian bytes `vec_dot_f32` reads (a fallback: no
-    // AVX-512, or rows with a tail)
-    let yb: Vec<Vec<u8>> = y
-        .iter()
-        .map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
-    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
-        for (o, y) in o.iter_mut().zip(&yb) {
-            *o = vec_dot_f32(w.row(n), y);
+            *o = kind.portable(w.row(n), y);
         }
     }
 }
@@ -720,7 +728,7 @@ mod x86 {
             // SAFETY: lanes 8k..8k+8 of the 32-lane array; `storeu` needs no alignment.
             _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * k), *acc);
         }
-        finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16)
+        finish_dot(lanes, cx.remainder(), cy.remainder(), get_f16, get_f16)
     }
 
     /// Two F16 rows times one: [`vec_dot_f16`] of each, sharing the conversions of `y`
@@ -1640,138 +1648,189 @@ mod x86 {
         }
     }
 
-    /// `RM` F16 weight rows at `w` times `RN` widened activation rows at `y`, `steps` steps
-    /// of 32 values: per output the 32 lanes of [`vec_dot_f16`] as two zmm (lanes 0..16 and
-    /// 16..32), each step's products added to them (multiply, then add), and the same
-    /// reduction: `lo + hi` is `[acc0 + acc2 | acc1 + acc3]` of the AVX2 kernel's four
-    /// vectors, and its halves' sum the AVX2 kernel's `(acc0 + acc2) + (acc1 + acc3)`.
+    /// The reduction of the float tile kernels' 32 lanes (`lo`: lanes 0..16, `hi`: 16..32):
+    /// `lo + hi` is `[acc0 + acc2 | acc1 + acc3]` of the AVX2 `vec_dot_f16`'s four vectors,
+    /// then its halves' sum and [`hsum8`], the AVX2 kernel's `(acc0 + acc2) + (acc1 + acc3)`.
     ///
     /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; `64 * steps` readable bytes at every `w[i]`, `32 *
-    /// steps` f32 at every `y[j]`.
+    /// AVX-512 F and AVX2.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_f16_tile_zmm<const RM: usize, const RN: usize>(
-        w: [*const u8; RM],
-        y: [*const f32; RN],
-        steps: usize,
-        out: &mut [[f32; RN]; RM],
-    ) {
-        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
-        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
-        for s in 0..steps {
-            for i in 0..RM {
-                // SAFETY: step `s` lies inside the rows (the caller's guarantee).
-                let x0 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s).cast()));
-                let x1 = _mm512_cvtph_ps(_mm256_loadu_si256(w[i].add(64 * s + 32).cast()));
-                for j in 0..RN {
-                    let y0 = _mm512_loadu_ps(y[j].add(32 * s));
-                    let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
-                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
-                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
-                }
-            }
-        }
-        for i in 0..RM {
-            for j in 0..RN {
-                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
-                let h = _mm512_castps_si512(v);
-                let v8 = _mm256_add_ps(
-                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
-                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
-                );
-                out[i][j] = hsum8(v8);
-            }
-        }
-    }
-
-    /// `tiles::dot_f16_rows`: [`dot_f16_tile_zmm`] on the groups of `tiles::dot_rows`, then
-    /// on the rest one by one.
-    ///
-    /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
-    /// row of `w` of twice that many bytes; `out` as long as `w`.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot_f16_rows_zmm<const RN: usize>(
-        w: StridedRows<'_>,
-        y: &[&[f32]; RN],
-        out: &mut [[f32; RN]],
-    ) {
-        let steps = y.first().map_or(0, |r| r.len()) / 32;
-        let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
-        tiles::for_each_group(
-            w,
-            out,
-            // SAFETY: the caller's guarantees, row by row.
-            |g, o| unsafe { dot_f16_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
-            |r, o| unsafe {
-                dot_f16_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
-            },
+    unsafe fn reduce_halves(lo: __m512, hi: __m512) -> f32 {
+        let h = _mm512_castps_si512(_mm512_add_ps(lo, hi));
+        let v8 = _mm256_add_ps(
+            _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
+            _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
         );
+        hsum8(v8)
     }
 
-    /// `RM` F32 weight rows at `w` times `RN` activation rows at `y`, `steps` steps of 32
-    /// values: per output the 32 lanes of `float::vec_dot_f32` as two zmm, each step's
-    /// products added to them (multiply, then add: no FMA, so the portable bits), and the
-    /// reduction of [`dot_f16_tile_zmm`].
+    /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).
+    const ROW1_GROUP: usize = 3;
+
+    /// Bytes ahead of the current weight rows that the one-activation-row float loop
+    /// prefetches. Measured with `tiles::throughput::row1_throughput` (a 32000 x 256 matrix,
+    /// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40),
+    /// in us per pass, F16 / F32: without prefetch, two rows per group, 309 / 1439; three
+    /// rows, 16 KiB ahead, 220 / 650; two rows 8 KiB ahead 215 / 725, 16 KiB 230 / 700,
+    /// 32 KiB 285 / 850; four rows 16 KiB 250 / 950; one row 16 KiB 277 / 850. Prefetching
+    /// into L2 only (T1) or non-temporally (NTA) was slower or the same. In llama-bench tg32
+    /// on the tiny F16 model, server CPU time without prefetch 1.8x that with it.
+    const ROW1_PREFETCH: usize = 16384;
+
+    /// Half `h` (values `16 h .. 16 h + 16`) of step `s` (32 values) of a float weight row
+    /// at `w` (F16 if `F16`, else F32), widened to f32.
     ///
     /// # Safety
-    /// AVX-512 F, AVX2, FMA and F16C; `128 * steps` readable bytes at every `w[i]`, `32 *
-    /// steps` f32 at every `y[j]`.
+    /// AVX-512 F and F16C; the step lies inside the row.
+    #[inline(always)]
+    unsafe fn weight_half<const F16: bool>(w: *const u8, s: usize, h: usize) -> __m512 {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(w.add(64 * s + 32 * h).cast()))
+            } else {
+                _mm512_loadu_ps(w.add(128 * s + 64 * h).cast())
+            }
+        }
+    }
+
+    /// The accumulators of half `h` of [`dot_float_tile_zmm`]'s lanes over all the steps.
+    ///
+    /// # Safety
+    /// Those of [`dot_float_tile_zmm`], whose features it is inlined with.
+    #[inline(always)]
+    unsafe fn float_half_pass<const RM: usize, const RN: usize, const F16: bool>(
+        w: [*const u8; RM],
+        y: [*const f32; RN],
+        steps: usize,
+        h: usize,
+    ) -> [[__m512; RN]; RM] {
+        // SAFETY: the caller's guarantees (features; step `s` inside the rows).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); RN]; RM];
+            for s in 0..steps {
+                let yv: [__m512; RN] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s + 16 * h)));
+                for i in 0..RM {
+                    let x = weight_half::<F16>(w[i], s, h);
+                    for j in 0..RN {
+                        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(x, yv[j]));
+                    }
+                }
+            }
+            acc
+        }
+    }
+
+    /// `RM` float weight rows at `w` (F16 if `F16`, else F32 little-endian) times `RN`
+    /// activation rows at `y` (f32; for F16 weights exact widenings of F16 values), `steps`
+    /// steps of 32 values: per output the 32 lanes of `float::vec_dot_f16` /
+    /// `float::vec_dot_f32` as two zmm (`lo`: lanes 0..16, `hi`: 16..32), each step's
+    /// products added to them in step order (multiply, then add: no FMA, so the portable
+    /// bits), and the reduction of [`reduce_halves`] (that of the AVX2 `vec_dot_f16`).
+    ///
+    /// With more than four outputs the `lo` lanes of all steps go first, then the `hi` lanes
+    /// (each accumulator sees the same additions in the same order, so the same bits): the
+    /// accumulators of one half, the activation vectors, a weight vector and a product fit in
+    /// the 32 zmm, where both halves at once spill to the stack (4 x 3 tiles: 24 accumulators).
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `64 * steps` (F16) or `128 * steps` (F32) readable
+    /// bytes at every `w[i]`, `32 * steps` f32 at every `y[j]`.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_f32_tile_zmm<const RM: usize, const RN: usize>(
+    unsafe fn dot_float_tile_zmm<const RM: usize, const RN: usize, const F16: bool>(
         w: [*const u8; RM],
         y: [*const f32; RN],
         steps: usize,
         out: &mut [[f32; RN]; RM],
     ) {
-        let mut lo = [[_mm512_setzero_ps(); RN]; RM];
-        let mut hi = [[_mm512_setzero_ps(); RN]; RM];
-        // the step's two halves one after the other, each activation half loaded once: 24
-        // accumulators, three activation vectors, a weight vector and a product fit in the
-        // 32 zmm (both halves at once spill)
-        for s in 0..steps {
-            // SAFETY: step `s` lies inside the rows (the caller's guarantee).
-            let y0: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s)));
-            for i in 0..RM {
-                let x0 = _mm512_loadu_ps(w[i].add(128 * s).cast());
-                for j in 0..RN {
-                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0[j]));
+        let (lo, hi) = if RM * RN > 4 {
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                (
+                    float_half_pass::<RM, RN, F16>(w, y, steps, 0),
+                    float_half_pass::<RM, RN, F16>(w, y, steps, 1),
+                )
+            }
+        } else {
+            let mut lo = [[_mm512_setzero_ps(); RN]; RM];
+            let mut hi = [[_mm512_setzero_ps(); RN]; RM];
+            for s in 0..steps {
+                for i in 0..RM {
+                    // SAFETY: step `s` lies inside the rows (the caller's guarantee).
+                    let x0 = unsafe { weight_half::<F16>(w[i], s, 0) };
+                    let x1 = unsafe { weight_half::<F16>(w[i], s, 1) };
+                    for j in 0..RN {
+                        let y0 = _mm512_loadu_ps(y[j].add(32 * s));
+                        let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
+                        lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
+                        hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
+                    }
                 }
             }
-            let y1: [__m512; RN] = std::array::from_fn(|j| _mm512_loadu_ps(y[j].add(32 * s + 16)));
-            for i in 0..RM {
-                let x1 = _mm512_loadu_ps(w[i].add(128 * s + 64).cast());
-                for j in 0..RN {
-                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1[j]));
-                }
-            }
-        }
+            (lo, hi)
+        };
         for i in 0..RM {
             for j in 0..RN {
-                let v = _mm512_add_ps(lo[i][j], hi[i][j]);
-                let h = _mm512_castps_si512(v);
-                let v8 = _mm256_add_ps(
-                    _mm256_castsi256_ps(_mm512_castsi512_si256(h)),
-                    _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
-                );
-                out[i][j] = hsum8(v8);
+                out[i][j] = reduce_halves(lo[i][j], hi[i][j]);
             }
         }
     }
 
-    /// Rows ahead that the one-activation-row F32 loop prefetches.
-    const PREFETCH_ROWS: usize = 6;
+    /// `tiles::dot_float_rows` with one activation row (generation), whose weights stream
+    /// from memory (the output projection, several MB): in one sequential stream,
+    /// consecutive rows `G` at a time through the tile kernel, each group's rows prefetched
+    /// `PF` bytes ahead (none if 0), then the rest one by one.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C; `32 * steps` f32 at `y`; every row of `w` at least
+    /// `64 * steps` (F16) or `128 * steps` bytes; `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_float_row1_zmm<const F16: bool, const G: usize, const PF: usize>(
+        w: StridedRows<'_>,
+        y: *const f32,
+        steps: usize,
+        out: &mut [f32],
+    ) {
+        let groups = w.count() / G;
+        let (head, tail) = out.split_at_mut(groups * G);
+        let (head, _) = head.as_chunks_mut::<G>();
+        for (g, o) in head.iter_mut().enumerate() {
+            let first = g * G;
+            let rows: [*const u8; G] = std::array::from_fn(|i| w.row(first + i).as_ptr());
+            if PF > 0 {
+                for &r in &rows {
+                    for line in (0..w.row_len()).step_by(64) {
+                        // a hint (nothing is read, any address is allowed)
+                        _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(PF + line).cast());
+                    }
+                }
+            }
+            let mut res = [[0f32; 1]; G];
+            // SAFETY: the caller's guarantees for rows `first..first + G`.
+            unsafe { dot_float_tile_zmm::<G, 1, F16>(rows, [y], steps, &mut res) };
+            *o = res.map(|[v]| v);
+        }
+        for (n, o) in tail.iter_mut().enumerate() {
+            let r = w.row(groups * G + n).as_ptr();
+            let mut res = [[0f32; 1]];
+            // SAFETY: the caller's guarantees for that row.
+            unsafe { dot_float_tile_zmm::<1, 1, F16>([r], [y], steps, &mut res) };
+            *o = res[0][0];
+        }
+    }
 
-    /// `tiles::dot_f32_rows`: [`dot_f32_tile_zmm`] on the groups of `tiles::dot_rows`, then
-    /// on the rest one by one.
+    /// `tiles::dot_float_rows` (F16 weights if `F16`, else F32): the tile kernel on the
+    /// groups of `tiles::dot_rows`, then on the rest one by one; with one activation row,
+    /// [`dot_float_row1_zmm`].
     ///
     /// # Safety
     /// AVX-512 F, AVX2, FMA and F16C; the rows of `y` of one length, a multiple of 32; every
-    /// row of `w` of four times that many bytes; `out` as long as `w`.
+    /// row of `w` of two (F16) or four (F32) times that many bytes; `out` as long as `w`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot_f32_rows_zmm<const RN: usize>(
+    pub(super) unsafe fn dot_float_rows_zmm<const RN: usize, const F16: bool>(
         w: StridedRows<'_>,
         y: &[&[f32]; RN],
         out: &mut [[f32; RN]],
@@ -1779,32 +1838,21 @@ mod x86 {
         let steps = y.first().map_or(0, |r| r.len()) / 32;
         let yp: [*const f32; RN] = std::array::from_fn(|j| y[j].as_ptr());
         if RN == 1 {
-            // one activation row (the output projection of the last token): the weights
-            // stream from memory; row after row, each prefetched a few rows ahead
-            let count = w.count();
-            for (n, o) in out.iter_mut().enumerate().take(count) {
-                if n + PREFETCH_ROWS < count {
-                    let ahead = w.row(n + PREFETCH_ROWS);
-                    for line in (0..ahead.len()).step_by(64) {
-                        // SAFETY: a hint for an address inside the row (nothing is read).
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line).cast()) };
-                    }
-                }
-                // SAFETY: the caller's guarantees for row `n`.
-                unsafe {
-                    let o = std::array::from_mut(o);
-                    dot_f32_tile_zmm::<1, RN>([w.row(n).as_ptr()], yp, steps, o);
-                }
-            }
+            // SAFETY: the caller's guarantees.
+            unsafe {
+                let (y, o) = (yp[0], out.as_flattened_mut());
+                dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(w, y, steps, o)
+            };
             return;
         }
         tiles::for_each_group(
             w,
             out,
             // SAFETY: the caller's guarantees, row by row.
-            |g, o| unsafe { dot_f32_tile_zmm::<4, RN>(g.map(|r| r.as_ptr()), yp, steps, o) },
+            |g, o| unsafe { dot_float_tile_zmm::<4, RN, F16>(g.map(|r| r.as_ptr()), yp, steps, o) },
             |r, o| unsafe {
-                dot_f32_tile_zmm::<1, RN>([r.as_ptr()], yp, steps, std::array::from_mut(o));
+                let o = std::array::from_mut(o);
+                dot_float_tile_zmm::<1, RN, F16>([r.as_ptr()], yp, steps, o);
             },
         );
     }

@@ -297,48 +297,62 @@ pub fn dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> Result<[f32; 2]> {
     Ok(super::simd::vec_dot_f16_x2(x, y))
 }
 
-/// `out[n][j]` = the F16 dot product ([`super::vec_dot`] with F16 weights) of F16 weight
-/// row `w.row(n)` with activation row `y[j]`, given as the f32 values of an F16 row (exact
-/// widenings of F16 values; the caller widens each activation row once rather than once per
-/// weight row). Weight rows go four at a time through a register-blocked kernel where the CPU
-/// has one (AVX-512), which keeps `vec_dot`'s 32 lanes, multiply-then-add and reduction per
-/// output, so every result has `vec_dot`'s bits whatever the grouping (that of
-/// [`dot_rows`]).
-pub fn dot_f16_rows<const RN: usize>(
+/// The float weight formats of [`dot_float_rows`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatRows {
+    /// F16 weights (`float::vec_dot_f16`).
+    F16,
+    /// F32 weights, little-endian (`float::vec_dot_f32`).
+    F32,
+}
+
+impl FloatRows {
+    /// Bytes per weight element.
+    pub fn bytes(self) -> usize {
+        match self {
+            FloatRows::F16 => 2,
+            FloatRows::F32 => 4,
+        }
+    }
+
+    /// The portable dot product of one weight row `x` with activation values `y` (the bits of
+    /// `vec_dot` with such weights).
+    #[inline(always)]
+    pub(super) fn portable(self, x: &[u8], y: &[f32]) -> f32 {
+        match self {
+            FloatRows::F16 => super::float::vec_dot_f16_widened(x, y),
+            FloatRows::F32 => super::float::vec_dot_f32_widened(x, y),
+        }
+    }
+}
+
+/// `out[n][j]` = the dot product ([`super::vec_dot`] with weights of format `kind`) of
+/// weight row `w.row(n)` (F16, or F32 little-endian bytes) with activation row `y[j]`, given
+/// as f32 values (for F16 weights the exact widenings of F16 values; the caller widens each
+/// activation row once rather than once per weight row). Weight rows go four at a time
+/// through a register-blocked kernel where the CPU has one (AVX-512), which keeps
+/// `vec_dot`'s 32 lanes, multiply-then-add and reduction per output, so every result has
+/// `vec_dot`'s bits whatever the grouping (that of [`dot_rows`]).
+pub fn dot_float_rows<const RN: usize>(
+    kind: FloatRows,
     w: StridedRows<'_>,
     y: &[&[f32]; RN],
     out: &mut [[f32; RN]],
 ) -> Result<()> {
     let n = y.first().map_or(0, |r| r.len());
-    if y.iter().any(|r| r.len() != n) || w.len != 2 * n || out.len() != w.count {
-        return Err(Error::Backend("F16 rows of different lengths".into()));
+    if y.iter().any(|r| r.len() != n) || w.len != kind.bytes() * n || out.len() != w.count {
+        return Err(Error::Backend(format!(
+            "{kind:?} rows of different lengths"
+        )));
     }
-    super::simd::dot_f16_rows(w, y, out);
+    super::simd::dot_float_rows(kind, w, y, out);
     Ok(())
 }
 
-/// Whether [`dot_f16_rows`] has a register-blocked kernel on this CPU for rows of `n`
+/// Whether [`dot_float_rows`] has a register-blocked kernel on this CPU for rows of `n`
 /// elements (else it computes one product at a time, no faster than [`dot_f16_x2`]).
-pub fn dot_f16_rows_fast(n: usize) -> bool {
-    super::simd::dot_f16_rows_fast(n)
-}
-
-/// `out[n][j]` = the F32 dot product ([`super::vec_dot`] with F32 weights) of F32 weight
-/// row `w.row(n)` (little-endian bytes) with activation row `y[j]`. As [`dot_f16_rows`]:
-/// weight rows four at a time through a register-blocked AVX-512 kernel where the CPU has
-/// one, with `vec_dot`'s 32 lanes, multiply-then-add and reduction per output, so every
-/// result has `vec_dot`'s bits whatever the grouping.
-pub fn dot_f32_rows<const RN: usize>(
-    w: StridedRows<'_>,
-    y: &[&[f32]; RN],
-    out: &mut [[f32; RN]],
-) -> Result<()> {
-    let n = y.first().map_or(0, |r| r.len());
-    if y.iter().any(|r| r.len() != n) || w.len != 4 * n || out.len() != w.count {
-        return Err(Error::Backend("F32 rows of different lengths".into()));
-    }
-    super::simd::dot_f32_rows(w, y, out);
-    Ok(())
+pub fn dot_float_rows_fast(n: usize) -> bool {
+    super::simd::dot_float_rows_fast(n)
 }
 
 /// `out[n][j]` = the Q4_K dot product ([`super::vec_dot`] with Q4_K weights) of weight row
@@ -360,35 +374,6 @@ pub fn dot_q4_k_rows<const RN: usize>(
     }
     super::simd::dot_q4_k_rows(w, y, out);
     Ok(())
-}
-
-/// Portable [`dot_f16_rows`] for one pair: `float::vec_dot_f16` with the activation values
-/// already widened (the same lanes, products and sums, so the same bits).
-pub(super) fn dot_f16_f32_portable(x: &[u8], y: &[f32]) -> f32 {
-    use super::float::{get_f16, LANES};
-    let mut acc = [0f32; LANES];
-    let mut cx = x.chunks_exact(2 * LANES);
-    let mut cy = y.chunks_exact(LANES);
-    for (bx, by) in (&mut cx).zip(&mut cy) {
-        for (l, (b, &v)) in bx.chunks_exact(2).zip(by).enumerate() {
-            acc[l] += get_f16([b[0], b[1]]) * v;
-        }
-    }
-    // the tail into the first lanes, then the pairwise reduction of `float::finish_dot`
-    for (a, (b, &v)) in acc
-        .iter_mut()
-        .zip(cx.remainder().chunks_exact(2).zip(cy.remainder()))
-    {
-        *a += get_f16([b[0], b[1]]) * v;
-    }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
 }
 
 /// The eight exact lane sums of weight block `xb` (format `kind`) with 32 quants `yq`.
@@ -659,20 +644,20 @@ mod tests {
             let sw = StridedRows::new(&flat, 2 * len, 2 * len, 7).unwrap();
             let yr: [&[f32]; 3] = std::array::from_fn(|j| &widened[j][..]);
             let mut out = vec![[0f32; 3]; 7];
-            dot_f16_rows(sw, &yr, &mut out).unwrap();
+            dot_float_rows(FloatRows::F16, sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
-            dot_f16_rows(sw, &[yr[1]], &mut one).unwrap();
+            dot_float_rows(FloatRows::F16, sw, &[yr[1]], &mut one).unwrap();
             let float = super::super::float::vec_dot_f16;
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let want = float(x, &y[j]);
                     assert_eq!(o.to_bits(), want.to_bits(), "{len} ({n}, {j})");
                     assert_eq!(simd::vec_dot_f16(x, &y[j]).to_bits(), want.to_bits());
-                    assert_eq!(dot_f16_f32_portable(x, yr[j]).to_bits(), want.to_bits());
+                    assert_eq!(FloatRows::F16.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
             }
-            assert!(dot_f16_rows(sw, &yr, &mut out[..6]).is_err());
+            assert!(dot_float_rows(FloatRows::F16, sw, &yr, &mut out[..6]).is_err());
         }
     }
 
@@ -701,18 +686,19 @@ mod tests {
             let sw = StridedRows::new(&flat, 4 * len, 4 * len, 7).unwrap();
             let yr: [&[f32]; 3] = std::array::from_fn(|j| &y[j][..]);
             let mut out = vec![[0f32; 3]; 7];
-            dot_f32_rows(sw, &yr, &mut out).unwrap();
+            dot_float_rows(FloatRows::F32, sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
-            dot_f32_rows(sw, &[yr[1]], &mut one).unwrap();
+            dot_float_rows(FloatRows::F32, sw, &[yr[1]], &mut one).unwrap();
             for (n, x) in wb.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let want = super::super::float::vec_dot_f32(x, &yb[j]);
                     assert_eq!(o.to_bits(), want.to_bits(), "{len} ({n}, {j})");
                     assert_eq!(simd::vec_dot_f32(x, &yb[j]).to_bits(), want.to_bits());
+                    assert_eq!(FloatRows::F32.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
             }
-            assert!(dot_f32_rows(sw, &yr, &mut out[..6]).is_err());
+            assert!(dot_float_rows(FloatRows::F32, sw, &yr, &mut out[..6]).is_err());
         }
     }
 
@@ -814,6 +800,71 @@ mod throughput {
                 (*seed >> 33) as u8 & 0x3f
             })
             .collect()
+    }
+
+    /// One activation row against a 32000 x 256 weight matrix (the tiny models' output
+    /// projection), F16 and F32, for several group sizes and prefetch distances:
+    /// `cargo test --release -p backend-cpu row1_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn row1_throughput() {
+        let (k, rows) = (256usize, 32000usize);
+        let mut seed = 5u64;
+        let y: Vec<f32> = bytes(k, &mut seed)
+            .iter()
+            .map(|&b| f32::from(b) / 64.0)
+            .collect();
+        for kind in [FloatRows::F16, FloatRows::F32] {
+            let rb = kind.bytes() * k;
+            let mut w = bytes(rows * rb, &mut seed);
+            if kind == FloatRows::F16 {
+                w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b);
+            }
+            let sw = StridedRows::new(&w, rb, rb, rows).unwrap();
+            let mut out = vec![0f32; rows];
+            let best = |f: &mut dyn FnMut(&mut [f32])| {
+                let mut o = vec![0f32; rows];
+                (0..40)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f(&mut o);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::MAX, f64::min)
+                    * 1e6
+            };
+            let yr = [&y[..]];
+            let cur = best(&mut |o| {
+                let (o, _) = o.as_chunks_mut::<1>();
+                dot_float_rows(kind, sw, &yr, o).unwrap();
+            });
+            let mut v = vec![];
+            macro_rules! variant {
+                ($g:literal, $pf:literal) => {
+                    let t = best(&mut |o| {
+                        super::super::simd::dot_float_row1_variant::<$g, $pf>(kind, sw, &y, o)
+                            .unwrap()
+                    });
+                    v.push(format!("g{} pf{} {t:.0}", $g, $pf));
+                };
+            }
+            variant!(2, 0);
+            variant!(1, 16384);
+            variant!(2, 8192);
+            variant!(2, 16384);
+            variant!(2, 32768);
+            variant!(3, 16384);
+            variant!(4, 16384);
+            let (o, _) = out.as_chunks_mut::<1>();
+            dot_float_rows(kind, sw, &yr, o).unwrap();
+            println!(
+                "{kind:?} row1 {:.2} MB: current {cur:.0} us ({:.1} GB/s); {} ({})",
+                (rows * rb) as f64 / 1e6,
+                (rows * rb) as f64 / 1e3 / cur,
+                v.join(", "),
+                out[7]
+            );
+        }
     }
 
     #[test]
