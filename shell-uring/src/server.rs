@@ -9,17 +9,22 @@
 //! Per connection the loop is the tokio shell's: drive the [`Core`] until it needs input, write
 //! its transmit queue with one `sendmsg` straight from the response `Bytes`, then receive —
 //! between messages into one reusable 64 KiB buffer. During a streamed write the data goes
-//! straight into backend memory: a `POLL_ADD` waits until the socket is readable, then one
-//! non-blocking `recv` fills the destination region the dispatcher lends for that call (memory
-//! the kernel must not hold across completions, so no `RECV` op points into it). A large
-//! GET_TENSOR reply is sent the same way: `POLL_ADD` for writability, then a non-blocking
-//! `send` from the lent region. Where the dispatcher declines (the tensor cache also stores
+//! straight into backend memory: one non-blocking `recv` fills the destination region the
+//! dispatcher lends for that call (memory the kernel must not hold across completions, so no
+//! `RECV` op points into it). A large GET_TENSOR reply is sent the same way, with non-blocking
+//! `send`s from the lent region. These direct transfers are optimistic: a connection whose
+//! transfer goes on is queued in the loop's ready queue and simply tried again on the next
+//! pass (one call per connection per pass, so a large transfer does not starve the others;
+//! while the queue is not empty the loop only collects completions, it does not wait for
+//! them); only when a call finds the socket empty (full) does a `POLL_ADD` wait until it is
+//! readable (writable) again. Where the dispatcher declines (the tensor cache also stores
 //! the data, data arrived buffered with the header, a backend without host memory), streamed
 //! data is received into a buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`,
 //! handed to the session whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to a
 //! blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -390,6 +395,10 @@ struct Loop {
     listener: Option<TcpListener>,
     accept_op: Option<OpId>,
     conns: Conns,
+    /// Connections whose next direct transfer is tried right away, without waiting for
+    /// readiness through the ring (the kind says which direction), in turn: one non-blocking
+    /// call each per pass, so a large transfer does not starve the others.
+    ready: VecDeque<(Tag, OpKind)>,
     stopping: bool,
 }
 
@@ -402,6 +411,7 @@ impl Loop {
             listener: Some(listener),
             accept_op: None,
             conns: Conns::default(),
+            ready: VecDeque::new(),
             stopping: false,
         }
     }
@@ -411,13 +421,26 @@ impl Loop {
         self.ring.wait_wake(TAG_WAKE, &self.mailbox.eventfd);
         let mut batch = Vec::new();
         while !(self.stopping && self.listener.is_none() && self.conns.len == 0) {
-            if let Err(error) = self.ring.submit_and_wait(None) {
+            // With direct transfers to try, completions are only collected, not waited for.
+            let submitted = if self.ready.is_empty() {
+                self.ring.submit_and_wait(None)
+            } else {
+                self.ring.submit_no_wait()
+            };
+            if let Err(error) = submitted {
                 tracing::error!(%error, "io_uring wait failed; closing every connection");
                 break;
             }
             self.ring.completions(&mut batch);
             for (tag, completion) in batch.drain(..) {
                 self.on_completion(tag, completion);
+            }
+            // One pass: each connection queued now gets one transfer; those that moved data
+            // queue up again behind the others.
+            for _ in 0..self.ready.len() {
+                if let Some((tag, kind)) = self.ready.pop_front() {
+                    self.transfer(tag, kind);
+                }
             }
         }
         for tag in self.conns.tags() {
@@ -636,8 +659,8 @@ impl Loop {
                 if !core.outbox.is_empty() {
                     return self.send_outbox(tag, AfterSend::Continue, None);
                 }
-                let op = self.ring.poll(tag, fd, true);
-                conn.op = Some((op, OpKind::ReplyReady));
+                // The socket is most likely writable: try first, poll only if it is not.
+                self.ready.push_back((tag, OpKind::ReplyReady));
                 return;
             }
             Stop::Work(Work::Reply) => {
@@ -663,8 +686,9 @@ impl Loop {
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
             if core.session.in_place_capacity() > 0 && !conn.buffered_stream {
-                let op = self.ring.poll(tag, fd, false);
-                conn.op = Some((op, OpKind::StreamReady));
+                // Data most likely arrived with the header or since the last receive: try
+                // first, poll only if nothing is there.
+                self.ready.push_back((tag, OpKind::StreamReady));
                 return;
             }
             let want = usize::try_from(remaining)
@@ -815,6 +839,18 @@ impl Loop {
         if let Err(error) = result {
             return self.finish(tag, Ending::Io(error));
         }
+        if let Some(kind) = kind {
+            self.transfer(tag, kind);
+        }
+    }
+
+    /// One non-blocking transfer straight between the socket and backend memory (for a
+    /// connection with no operation in flight and its core at home); waits for readiness
+    /// through the ring only when the socket had nothing to give or take.
+    fn transfer(&mut self, tag: Tag, kind: OpKind) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
         let Conn {
             core,
             stream,
@@ -827,7 +863,7 @@ impl Loop {
         };
         let fd = stream.as_raw_fd();
         let (moved, writable) = match kind {
-            Some(OpKind::StreamReady) => match core.receive_direct(stream) {
+            OpKind::StreamReady => match core.receive_direct(stream) {
                 Err(error) => return self.fail(tag, error),
                 Ok(None) => {
                     *buffered_stream = true;
@@ -842,7 +878,7 @@ impl Loop {
                 }
                 Ok(Some(result)) => (result, false),
             },
-            Some(OpKind::ReplyReady) => match core.send_direct(stream) {
+            OpKind::ReplyReady => match core.send_direct(stream) {
                 Err(error) => return self.fail(tag, error),
                 Ok(None) => return self.offload(tag, Work::Reply),
                 Ok(Some(result)) => (result, true),
