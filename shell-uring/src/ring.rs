@@ -559,6 +559,42 @@ pub(crate) fn send_now(stream: &TcpStream, src: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// Waits (blocking the calling thread, for at most `timeout`) until `stream` can be read (or,
+/// with `writable`, written) without blocking; `Ok(false)` when the time ran out. Only for
+/// blocking threads, never a ring's.
+pub(crate) fn wait_ready(
+    stream: &TcpStream,
+    writable: bool,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let mut pollfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: if writable {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN
+        },
+        revents: 0,
+    };
+    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid `pollfd` for the whole call; the descriptor is open while `stream` is
+    // borrowed.
+    let n = unsafe { libc::poll(&mut pollfd, 1, millis) };
+    match n {
+        n if n < 0 => {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                Ok(true)
+            } else {
+                Err(error)
+            }
+        }
+        0 => Ok(false),
+        // Readiness, an error or a hang-up: the next transfer call tells which.
+        _ => Ok(true),
+    }
+}
+
 /// Whether an operation ended because it was cancelled.
 pub(crate) fn cancelled(error: &io::Error) -> bool {
     error.raw_os_error() == Some(libc::ECANCELED)

@@ -17,7 +17,12 @@
 //! pass (one call per connection per pass, so a large transfer does not starve the others;
 //! while the queue is not empty the loop only collects completions, it does not wait for
 //! them); only when a call finds the socket empty (full) does a `POLL_ADD` wait until it is
-//! readable (writable) again. Where the dispatcher declines (the tensor cache also stores
+//! readable (writable) again. One large direct transfer (4 MiB or more to go) at a time runs on
+//! the ring thread; further ones that start meanwhile run on blocking threads (non-blocking
+//! calls with `poll` in between, the core and a share of the socket with them), so the copies
+//! of many clients' transfers proceed on several cores. A transfer there whose socket stalls
+//! for 100 ms comes back, and the ring waits for readiness with a `POLL_ADD` before the next
+//! one, so a client that stops reading or writing holds no thread. Where the dispatcher declines (the tensor cache also stores
 //! the data, data arrived buffered with the header, a backend without host memory), streamed
 //! data is received into a buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`,
 //! handed to the session whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to a
@@ -59,6 +64,13 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 512;
+/// Direct transfers with at least this many bytes to go run on a blocking thread (non-blocking
+/// calls and `poll`), so the copies of several large transfers proceed on several cores and the
+/// ring thread stays free for small commands.
+const DIRECT_OFFLOAD_BYTES: u64 = 4 << 20;
+/// How long a direct transfer on a blocking thread waits for a socket that neither takes nor
+/// gives data before handing the wait back to the ring (a stalled client holds no thread).
+const DIRECT_STALL: Duration = Duration::from_millis(100);
 /// Most blocking threads.
 const MAX_BLOCKING_THREADS: usize = 256;
 
@@ -99,6 +111,24 @@ struct Returned {
     tag: Tag,
     core: Box<Core>,
     stop: Stop,
+    /// How a direct transfer run on the blocking thread ended (`None`: other work).
+    direct: Option<DirectEnd>,
+}
+
+/// How a direct transfer on a blocking thread ([`Loop::offload_direct`]) ended.
+enum DirectEnd {
+    /// Nothing left to move directly (the core says what comes next).
+    Done,
+    /// The socket stayed empty (full) for [`DIRECT_STALL`]: the ring waits for it instead.
+    Stalled,
+    /// The dispatcher declined to lend memory for the streamed write (`false`) or the reply
+    /// (`true`): take the buffered path.
+    Declined {
+        writable: bool,
+    },
+    /// The peer closed its side.
+    Eof,
+    Io(io::Error),
 }
 
 /// Where blocking threads return cores to a ring.
@@ -309,7 +339,8 @@ enum AfterSend {
 }
 
 struct Conn {
-    stream: TcpStream,
+    /// Shared with a blocking thread while it runs a direct transfer.
+    stream: Arc<TcpStream>,
     span: tracing::Span,
     /// `None` while on a blocking thread.
     core: Option<Box<Core>>,
@@ -329,6 +360,11 @@ struct Conn {
     /// The streamed write in progress is received into buffers (the dispatcher declined to
     /// lend backend memory for it).
     buffered_stream: bool,
+    /// A direct transfer on a blocking thread found the socket stalled: the ring waits for
+    /// readiness before the next one.
+    stalled: bool,
+    /// Counted in [`Loop::ring_direct`] (until the connection's next `advance`).
+    ring_direct: bool,
 }
 
 /// Connections of one ring, addressed by tags that are never reused (index + generation).
@@ -399,6 +435,8 @@ struct Loop {
     /// readiness through the ring (the kind says which direction), in turn: one non-blocking
     /// call each per pass, so a large transfer does not starve the others.
     ready: VecDeque<(Tag, OpKind)>,
+    /// Connections running a large direct transfer on this ring (flagged `ring_direct`).
+    ring_direct: usize,
     stopping: bool,
 }
 
@@ -412,6 +450,7 @@ impl Loop {
             accept_op: None,
             conns: Conns::default(),
             ready: VecDeque::new(),
+            ring_direct: 0,
             stopping: false,
         }
     }
@@ -513,7 +552,7 @@ impl Loop {
             Core::new(shared.backend.clone(), &shared.connection)
         };
         let conn = Conn {
-            stream,
+            stream: Arc::new(stream),
             span,
             core: None,
             read_buf: BytesMut::new(),
@@ -524,6 +563,8 @@ impl Loop {
             parked: None,
             ending: None,
             buffered_stream: false,
+            stalled: false,
+            ring_direct: false,
         };
         let tag = self.conns.insert(conn);
         match core {
@@ -591,17 +632,36 @@ impl Loop {
             if let Some((op, _)) = conn.op {
                 self.ring.cancel(op);
             }
+            // A direct transfer on a blocking thread stops at once.
+            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+            if conn.ring_direct {
+                self.ring_direct -= 1;
+            }
             drop(conn);
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     fn on_returned(&mut self, returned: Returned) {
-        let Returned { tag, core, stop } = returned;
+        let Returned {
+            tag,
+            core,
+            stop,
+            direct,
+        } = returned;
         let Some(conn) = self.conns.get_mut(tag) else {
             return;
         };
         conn.core = Some(core);
+        if conn.ending.is_none() && matches!(stop, Stop::Idle) {
+            match direct {
+                None | Some(DirectEnd::Done) | Some(DirectEnd::Declined { writable: true }) => {}
+                Some(DirectEnd::Declined { writable: false }) => conn.buffered_stream = true,
+                Some(DirectEnd::Stalled) => conn.stalled = true,
+                Some(DirectEnd::Eof) => return self.on_direct_eof(tag),
+                Some(DirectEnd::Io(error)) => return self.finish(tag, Ending::Io(error)),
+            }
+        }
         if conn.ending.is_some() {
             if conn.op.is_none() {
                 if let Some(ending) = conn.ending.take() {
@@ -641,6 +701,9 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(tag) else {
             return;
         };
+        if std::mem::take(&mut conn.ring_direct) {
+            self.ring_direct -= 1;
+        }
         let Some(core) = conn.core.as_mut() else {
             return;
         };
@@ -658,6 +721,18 @@ impl Loop {
                 // The head first, then the data straight from backend memory.
                 if !core.outbox.is_empty() {
                     return self.send_outbox(tag, AfterSend::Continue, None);
+                }
+                if std::mem::take(&mut conn.stalled) {
+                    let op = self.ring.poll(tag, fd, true);
+                    conn.op = Some((op, OpKind::ReplyReady));
+                    return;
+                }
+                if core.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
+                    if self.ring_direct > 0 {
+                        return self.offload_direct(tag, true);
+                    }
+                    conn.ring_direct = true;
+                    self.ring_direct += 1;
                 }
                 // The socket is most likely writable: try first, poll only if it is not.
                 self.ready.push_back((tag, OpKind::ReplyReady));
@@ -686,6 +761,18 @@ impl Loop {
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
             if core.session.in_place_capacity() > 0 && !conn.buffered_stream {
+                if std::mem::take(&mut conn.stalled) {
+                    let op = self.ring.poll(tag, fd, false);
+                    conn.op = Some((op, OpKind::StreamReady));
+                    return;
+                }
+                if remaining >= DIRECT_OFFLOAD_BYTES {
+                    if self.ring_direct > 0 {
+                        return self.offload_direct(tag, false);
+                    }
+                    conn.ring_direct = true;
+                    self.ring_direct += 1;
+                }
                 // Data most likely arrived with the header or since the last receive: try
                 // first, poll only if nothing is there.
                 self.ready.push_back((tag, OpKind::StreamReady));
@@ -735,8 +822,49 @@ impl Loop {
         let span = conn.span.clone();
         self.shared.pool.execute(move || {
             let stop = span.in_scope(|| core.run(work));
-            mailbox.deliver(Returned { tag, core, stop });
+            mailbox.deliver(Returned {
+                tag,
+                core,
+                stop,
+                direct: None,
+            });
         });
+    }
+
+    /// Runs the direct transfer in progress (a reply's data with `writable`, a streamed write's
+    /// otherwise) on a blocking thread with the core: non-blocking calls, `poll` in between.
+    fn offload_direct(&mut self, tag: Tag, writable: bool) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(mut core) = conn.core.take() else {
+            return;
+        };
+        let stream = conn.stream.clone();
+        let mailbox = self.mailbox.clone();
+        let span = conn.span.clone();
+        self.shared.pool.execute(move || {
+            let (stop, end) = span.in_scope(|| direct_blocking(&mut core, &stream, writable));
+            // The ring alone owns the socket again before it sees the core.
+            drop(stream);
+            mailbox.deliver(Returned {
+                tag,
+                core,
+                stop,
+                direct: Some(end),
+            });
+        });
+    }
+
+    fn on_direct_eof(&mut self, tag: Tag) {
+        let Some(core) = self.conns.get_mut(tag).and_then(|conn| conn.core.as_mut()) else {
+            return;
+        };
+        let ending = match core.session.handle_eof() {
+            Ok(()) => Ending::ByClient,
+            Err(error) => Ending::Protocol(error),
+        };
+        self.finish(tag, ending);
     }
 
     fn send_outbox(&mut self, tag: Tag, after: AfterSend, timeout: Option<Duration>) {
@@ -992,6 +1120,9 @@ impl Loop {
         let Some(conn) = self.conns.remove(tag) else {
             return;
         };
+        if conn.ring_direct {
+            self.ring_direct -= 1;
+        }
         let Conn {
             stream, span, core, ..
         } = conn;
@@ -1012,6 +1143,45 @@ impl Loop {
                 kind = %error.kind(),
                 "Client connection closed on I/O error"
             ),
+        }
+    }
+}
+
+/// A direct transfer on a blocking thread: non-blocking calls straight between `stream` and
+/// backend memory until nothing is left to move directly, waiting with `poll` (at most
+/// [`DIRECT_STALL`] at a time) while the socket is empty (full).
+fn direct_blocking(core: &mut Core, stream: &TcpStream, writable: bool) -> (Stop, DirectEnd) {
+    loop {
+        let moved = if writable {
+            if core.reply_remaining() == 0 {
+                return (Stop::Idle, DirectEnd::Done);
+            }
+            match core.send_direct(stream) {
+                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
+                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
+                Ok(Some(result)) => result,
+            }
+        } else {
+            if core.session.in_place_capacity() == 0 {
+                return (Stop::Idle, DirectEnd::Done);
+            }
+            match core.receive_direct(stream) {
+                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
+                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
+                Ok(Some(Ok(0))) => return (Stop::Idle, DirectEnd::Eof),
+                Ok(Some(result)) => result,
+            }
+        };
+        match moved {
+            Ok(_) => {}
+            Err(error) if shell_common::direct::retry(&error) => {
+                match ring::wait_ready(stream, writable, DIRECT_STALL) {
+                    Ok(true) => {}
+                    Ok(false) => return (Stop::Idle, DirectEnd::Stalled),
+                    Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
+                }
+            }
+            Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
         }
     }
 }
