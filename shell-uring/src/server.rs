@@ -22,11 +22,12 @@
 //! calls with `poll` in between, the core and a share of the socket with them), so the copies
 //! of many clients' transfers proceed on several cores. A transfer there whose socket stalls
 //! for 100 ms comes back, and the ring waits for readiness with a `POLL_ADD` before the next
-//! one, so a client that stops reading or writing holds no thread. Where the dispatcher declines (the tensor cache also stores
-//! the data, data arrived buffered with the header, a backend without host memory), streamed
-//! data is received into a buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`,
-//! handed to the session whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to a
-//! blocking thread with the whole `Core`; the ring goes on serving the others and the core
+//! one, so a client that stops reading or writing holds no thread. Where the dispatcher
+//! declines (the tensor cache also stores the data, data arrived buffered with the header, a
+//! backend without host memory), streamed data is received into a buffer of
+//! `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session whole, and
+//! replies go piece by piece through the transmit queue. Heavy events and comm link work go to
+//! a blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
 
 use std::collections::VecDeque;
@@ -64,9 +65,9 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 512;
-/// Direct transfers with at least this many bytes to go run on a blocking thread (non-blocking
-/// calls and `poll`), so the copies of several large transfers proceed on several cores and the
-/// ring thread stays free for small commands.
+/// A direct transfer with at least this many bytes to go that starts while another one runs on
+/// the ring runs on a blocking thread (non-blocking calls and `poll`), so the copies of several
+/// large transfers proceed on several cores.
 const DIRECT_OFFLOAD_BYTES: u64 = 4 << 20;
 /// How long a direct transfer on a blocking thread waits for a socket that neither takes nor
 /// gives data before handing the wait back to the ring (a stalled client holds no thread).
