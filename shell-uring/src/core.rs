@@ -225,6 +225,11 @@ impl Core {
         Ok(Some(outcome.unwrap_or(Ok(0))))
     }
 
+    /// Bytes of the reply in progress still to send (0: none in progress).
+    pub(crate) fn reply_remaining(&self) -> u64 {
+        self.reply.as_ref().map_or(0, TensorReadStream::remaining)
+    }
+
     /// Reads the next piece of the reply in progress and queues it.
     fn next_piece(&mut self) -> proto_core::Result<()> {
         let Some(reply) = self.reply.as_mut() else {

@@ -6,8 +6,9 @@
 //! [`Dispatcher`](proto_core::dispatch::Dispatcher)). What it adds is the event loop: many
 //! clients on one ring (or one ring per thread), receives and sends submitted in batches with one
 //! system call per loop turn, SET_TENSOR data received straight into the buffers the backend
-//! reads from, GET_TENSOR responses sent straight from the backend's `Bytes`, and heavy commands
-//! run on blocking threads so one client's graph never stalls another's small commands.
+//! reads from, GET_TENSOR responses sent straight from the backend's `Bytes` (or from its
+//! memory), concurrent large transfers spread over blocking threads, and heavy commands run on
+//! blocking threads so one client's graph never stalls another's small commands.
 //!
 //! * [`Server`]: start on a bound listener, [`Server::stop`], [`Server::join`].
 //! * [`probe`]: whether this kernel lets the process use io_uring.

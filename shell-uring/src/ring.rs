@@ -33,6 +33,8 @@ const RECVSEND_POLL_FIRST: u16 = 1;
 /// socket copies of several large transfers proceed on several cores instead of all in the
 /// ring thread's task work.
 const ASYNC_BYTES: usize = 1 << 20;
+/// `IORING_ENTER_GETEVENTS`.
+const ENTER_GETEVENTS: u32 = 1;
 /// Most buffers passed to one `sendmsg`.
 const MAX_IOVECS: usize = 64;
 /// How long [`Ring`]'s drop waits for cancelled operations.
@@ -379,6 +381,31 @@ impl Ring {
         }
     }
 
+    /// Submits what is queued and takes the completions that are there, without waiting for
+    /// any (the loop has other work): unlike a plain submit, the enter carries `GETEVENTS`, so
+    /// the kernel also runs the deferred work that posts finished operations' completions.
+    pub(crate) fn submit_no_wait(&mut self) -> io::Result<()> {
+        let queued = self.ring.submission().len();
+        // SAFETY: no argument structure is passed (null, size of a sigset never read), and
+        // every queued entry was pushed by `push`, whose callers guarantee its buffers.
+        let result = unsafe {
+            self.ring
+                .submitter()
+                .enter::<libc::sigset_t>(queued as u32, 0, ENTER_GETEVENTS, None)
+        };
+        match result {
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            other => other.map(drop),
+        }
+    }
+
     fn submit_only(&mut self) -> io::Result<()> {
         match self.ring.submit() {
             Err(error)
@@ -529,6 +556,42 @@ pub(crate) fn send_now(stream: &TcpStream, src: &[u8]) -> io::Result<usize> {
         Err(io::Error::last_os_error())
     } else {
         Ok(n as usize)
+    }
+}
+
+/// Waits (blocking the calling thread, for at most `timeout`) until `stream` can be read (or,
+/// with `writable`, written) without blocking; `Ok(false)` when the time ran out. Only for
+/// blocking threads, never a ring's.
+pub(crate) fn wait_ready(
+    stream: &TcpStream,
+    writable: bool,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let mut pollfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: if writable {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN
+        },
+        revents: 0,
+    };
+    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid `pollfd` for the whole call; the descriptor is open while `stream` is
+    // borrowed.
+    let n = unsafe { libc::poll(&mut pollfd, 1, millis) };
+    match n {
+        n if n < 0 => {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                Ok(true)
+            } else {
+                Err(error)
+            }
+        }
+        0 => Ok(false),
+        // Readiness, an error or a hang-up: the next transfer call tells which.
+        _ => Ok(true),
     }
 }
 

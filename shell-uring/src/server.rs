@@ -9,17 +9,28 @@
 //! Per connection the loop is the tokio shell's: drive the [`Core`] until it needs input, write
 //! its transmit queue with one `sendmsg` straight from the response `Bytes`, then receive —
 //! between messages into one reusable 64 KiB buffer. During a streamed write the data goes
-//! straight into backend memory: a `POLL_ADD` waits until the socket is readable, then one
-//! non-blocking `recv` fills the destination region the dispatcher lends for that call (memory
-//! the kernel must not hold across completions, so no `RECV` op points into it). A large
-//! GET_TENSOR reply is sent the same way: `POLL_ADD` for writability, then a non-blocking
-//! `send` from the lent region. Where the dispatcher declines (the tensor cache also stores
-//! the data, data arrived buffered with the header, a backend without host memory), streamed
-//! data is received into a buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`,
-//! handed to the session whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to a
-//! blocking thread with the whole `Core`; the ring goes on serving the others and the core
+//! straight into backend memory: one non-blocking `recv` fills the destination region the
+//! dispatcher lends for that call (memory the kernel must not hold across completions, so no
+//! `RECV` op points into it). A large GET_TENSOR reply is sent the same way, with non-blocking
+//! `send`s from the lent region. These direct transfers are optimistic: a connection whose
+//! transfer goes on is queued in the loop's ready queue and simply tried again on the next
+//! pass (one call per connection per pass, so a large transfer does not starve the others;
+//! while the queue is not empty the loop only collects completions, it does not wait for
+//! them); only when a call finds the socket empty (full) does a `POLL_ADD` wait until it is
+//! readable (writable) again. One large direct transfer (4 MiB or more to go) at a time runs on
+//! the ring thread; further ones that start meanwhile run on blocking threads (non-blocking
+//! calls with `poll` in between, the core and a share of the socket with them), so the copies
+//! of many clients' transfers proceed on several cores. A transfer there whose socket stalls
+//! for 100 ms comes back, and the ring waits for readiness with a `POLL_ADD` before the next
+//! one, so a client that stops reading or writing holds no thread. Where the dispatcher
+//! declines (the tensor cache also stores the data, data arrived buffered with the header, a
+//! backend without host memory), streamed data is received into a buffer of
+//! `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session whole, and
+//! replies go piece by piece through the transmit queue. Heavy events and comm link work go to
+//! a blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -54,6 +65,13 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 512;
+/// A direct transfer with at least this many bytes to go that starts while another one runs on
+/// the ring runs on a blocking thread (non-blocking calls and `poll`), so the copies of several
+/// large transfers proceed on several cores.
+const DIRECT_OFFLOAD_BYTES: u64 = 4 << 20;
+/// How long a direct transfer on a blocking thread waits for a socket that neither takes nor
+/// gives data before handing the wait back to the ring (a stalled client holds no thread).
+const DIRECT_STALL: Duration = Duration::from_millis(100);
 /// Most blocking threads.
 const MAX_BLOCKING_THREADS: usize = 256;
 
@@ -94,6 +112,24 @@ struct Returned {
     tag: Tag,
     core: Box<Core>,
     stop: Stop,
+    /// How a direct transfer run on the blocking thread ended (`None`: other work).
+    direct: Option<DirectEnd>,
+}
+
+/// How a direct transfer on a blocking thread ([`Loop::offload_direct`]) ended.
+enum DirectEnd {
+    /// Nothing left to move directly (the core says what comes next).
+    Done,
+    /// The socket stayed empty (full) for [`DIRECT_STALL`]: the ring waits for it instead.
+    Stalled,
+    /// The dispatcher declined to lend memory for the streamed write (`false`) or the reply
+    /// (`true`): take the buffered path.
+    Declined {
+        writable: bool,
+    },
+    /// The peer closed its side.
+    Eof,
+    Io(io::Error),
 }
 
 /// Where blocking threads return cores to a ring.
@@ -304,7 +340,8 @@ enum AfterSend {
 }
 
 struct Conn {
-    stream: TcpStream,
+    /// Shared with a blocking thread while it runs a direct transfer.
+    stream: Arc<TcpStream>,
     span: tracing::Span,
     /// `None` while on a blocking thread.
     core: Option<Box<Core>>,
@@ -324,6 +361,11 @@ struct Conn {
     /// The streamed write in progress is received into buffers (the dispatcher declined to
     /// lend backend memory for it).
     buffered_stream: bool,
+    /// A direct transfer on a blocking thread found the socket stalled: the ring waits for
+    /// readiness before the next one.
+    stalled: bool,
+    /// Counted in [`Loop::ring_direct`] (until the connection's next `advance`).
+    ring_direct: bool,
 }
 
 /// Connections of one ring, addressed by tags that are never reused (index + generation).
@@ -390,6 +432,12 @@ struct Loop {
     listener: Option<TcpListener>,
     accept_op: Option<OpId>,
     conns: Conns,
+    /// Connections whose next direct transfer is tried right away, without waiting for
+    /// readiness through the ring (the kind says which direction), in turn: one non-blocking
+    /// call each per pass, so a large transfer does not starve the others.
+    ready: VecDeque<(Tag, OpKind)>,
+    /// Connections running a large direct transfer on this ring (flagged `ring_direct`).
+    ring_direct: usize,
     stopping: bool,
 }
 
@@ -402,6 +450,8 @@ impl Loop {
             listener: Some(listener),
             accept_op: None,
             conns: Conns::default(),
+            ready: VecDeque::new(),
+            ring_direct: 0,
             stopping: false,
         }
     }
@@ -411,13 +461,26 @@ impl Loop {
         self.ring.wait_wake(TAG_WAKE, &self.mailbox.eventfd);
         let mut batch = Vec::new();
         while !(self.stopping && self.listener.is_none() && self.conns.len == 0) {
-            if let Err(error) = self.ring.submit_and_wait(None) {
+            // With direct transfers to try, completions are only collected, not waited for.
+            let submitted = if self.ready.is_empty() {
+                self.ring.submit_and_wait(None)
+            } else {
+                self.ring.submit_no_wait()
+            };
+            if let Err(error) = submitted {
                 tracing::error!(%error, "io_uring wait failed; closing every connection");
                 break;
             }
             self.ring.completions(&mut batch);
             for (tag, completion) in batch.drain(..) {
                 self.on_completion(tag, completion);
+            }
+            // One pass: each connection queued now gets one transfer; those that moved data
+            // queue up again behind the others.
+            for _ in 0..self.ready.len() {
+                if let Some((tag, kind)) = self.ready.pop_front() {
+                    self.transfer(tag, kind);
+                }
             }
         }
         for tag in self.conns.tags() {
@@ -490,7 +553,7 @@ impl Loop {
             Core::new(shared.backend.clone(), &shared.connection)
         };
         let conn = Conn {
-            stream,
+            stream: Arc::new(stream),
             span,
             core: None,
             read_buf: BytesMut::new(),
@@ -501,6 +564,8 @@ impl Loop {
             parked: None,
             ending: None,
             buffered_stream: false,
+            stalled: false,
+            ring_direct: false,
         };
         let tag = self.conns.insert(conn);
         match core {
@@ -568,17 +633,36 @@ impl Loop {
             if let Some((op, _)) = conn.op {
                 self.ring.cancel(op);
             }
+            // A direct transfer on a blocking thread stops at once.
+            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+            if conn.ring_direct {
+                self.ring_direct -= 1;
+            }
             drop(conn);
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     fn on_returned(&mut self, returned: Returned) {
-        let Returned { tag, core, stop } = returned;
+        let Returned {
+            tag,
+            core,
+            stop,
+            direct,
+        } = returned;
         let Some(conn) = self.conns.get_mut(tag) else {
             return;
         };
         conn.core = Some(core);
+        if conn.ending.is_none() && matches!(stop, Stop::Idle) {
+            match direct {
+                None | Some(DirectEnd::Done) | Some(DirectEnd::Declined { writable: true }) => {}
+                Some(DirectEnd::Declined { writable: false }) => conn.buffered_stream = true,
+                Some(DirectEnd::Stalled) => conn.stalled = true,
+                Some(DirectEnd::Eof) => return self.on_direct_eof(tag),
+                Some(DirectEnd::Io(error)) => return self.finish(tag, Ending::Io(error)),
+            }
+        }
         if conn.ending.is_some() {
             if conn.op.is_none() {
                 if let Some(ending) = conn.ending.take() {
@@ -618,6 +702,9 @@ impl Loop {
         let Some(conn) = self.conns.get_mut(tag) else {
             return;
         };
+        if std::mem::take(&mut conn.ring_direct) {
+            self.ring_direct -= 1;
+        }
         let Some(core) = conn.core.as_mut() else {
             return;
         };
@@ -636,8 +723,20 @@ impl Loop {
                 if !core.outbox.is_empty() {
                     return self.send_outbox(tag, AfterSend::Continue, None);
                 }
-                let op = self.ring.poll(tag, fd, true);
-                conn.op = Some((op, OpKind::ReplyReady));
+                if std::mem::take(&mut conn.stalled) {
+                    let op = self.ring.poll(tag, fd, true);
+                    conn.op = Some((op, OpKind::ReplyReady));
+                    return;
+                }
+                if core.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
+                    if self.ring_direct > 0 {
+                        return self.offload_direct(tag, true);
+                    }
+                    conn.ring_direct = true;
+                    self.ring_direct += 1;
+                }
+                // The socket is most likely writable: try first, poll only if it is not.
+                self.ready.push_back((tag, OpKind::ReplyReady));
                 return;
             }
             Stop::Work(Work::Reply) => {
@@ -663,8 +762,21 @@ impl Loop {
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
             if core.session.in_place_capacity() > 0 && !conn.buffered_stream {
-                let op = self.ring.poll(tag, fd, false);
-                conn.op = Some((op, OpKind::StreamReady));
+                if std::mem::take(&mut conn.stalled) {
+                    let op = self.ring.poll(tag, fd, false);
+                    conn.op = Some((op, OpKind::StreamReady));
+                    return;
+                }
+                if remaining >= DIRECT_OFFLOAD_BYTES {
+                    if self.ring_direct > 0 {
+                        return self.offload_direct(tag, false);
+                    }
+                    conn.ring_direct = true;
+                    self.ring_direct += 1;
+                }
+                // Data most likely arrived with the header or since the last receive: try
+                // first, poll only if nothing is there.
+                self.ready.push_back((tag, OpKind::StreamReady));
                 return;
             }
             let want = usize::try_from(remaining)
@@ -711,8 +823,49 @@ impl Loop {
         let span = conn.span.clone();
         self.shared.pool.execute(move || {
             let stop = span.in_scope(|| core.run(work));
-            mailbox.deliver(Returned { tag, core, stop });
+            mailbox.deliver(Returned {
+                tag,
+                core,
+                stop,
+                direct: None,
+            });
         });
+    }
+
+    /// Runs the direct transfer in progress (a reply's data with `writable`, a streamed write's
+    /// otherwise) on a blocking thread with the core: non-blocking calls, `poll` in between.
+    fn offload_direct(&mut self, tag: Tag, writable: bool) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
+        let Some(mut core) = conn.core.take() else {
+            return;
+        };
+        let stream = conn.stream.clone();
+        let mailbox = self.mailbox.clone();
+        let span = conn.span.clone();
+        self.shared.pool.execute(move || {
+            let (stop, end) = span.in_scope(|| direct_blocking(&mut core, &stream, writable));
+            // The ring alone owns the socket again before it sees the core.
+            drop(stream);
+            mailbox.deliver(Returned {
+                tag,
+                core,
+                stop,
+                direct: Some(end),
+            });
+        });
+    }
+
+    fn on_direct_eof(&mut self, tag: Tag) {
+        let Some(core) = self.conns.get_mut(tag).and_then(|conn| conn.core.as_mut()) else {
+            return;
+        };
+        let ending = match core.session.handle_eof() {
+            Ok(()) => Ending::ByClient,
+            Err(error) => Ending::Protocol(error),
+        };
+        self.finish(tag, ending);
     }
 
     fn send_outbox(&mut self, tag: Tag, after: AfterSend, timeout: Option<Duration>) {
@@ -815,6 +968,18 @@ impl Loop {
         if let Err(error) = result {
             return self.finish(tag, Ending::Io(error));
         }
+        if let Some(kind) = kind {
+            self.transfer(tag, kind);
+        }
+    }
+
+    /// One non-blocking transfer straight between the socket and backend memory (for a
+    /// connection with no operation in flight and its core at home); waits for readiness
+    /// through the ring only when the socket had nothing to give or take.
+    fn transfer(&mut self, tag: Tag, kind: OpKind) {
+        let Some(conn) = self.conns.get_mut(tag) else {
+            return;
+        };
         let Conn {
             core,
             stream,
@@ -827,7 +992,7 @@ impl Loop {
         };
         let fd = stream.as_raw_fd();
         let (moved, writable) = match kind {
-            Some(OpKind::StreamReady) => match core.receive_direct(stream) {
+            OpKind::StreamReady => match core.receive_direct(stream) {
                 Err(error) => return self.fail(tag, error),
                 Ok(None) => {
                     *buffered_stream = true;
@@ -842,7 +1007,7 @@ impl Loop {
                 }
                 Ok(Some(result)) => (result, false),
             },
-            Some(OpKind::ReplyReady) => match core.send_direct(stream) {
+            OpKind::ReplyReady => match core.send_direct(stream) {
                 Err(error) => return self.fail(tag, error),
                 Ok(None) => return self.offload(tag, Work::Reply),
                 Ok(Some(result)) => (result, true),
@@ -956,6 +1121,9 @@ impl Loop {
         let Some(conn) = self.conns.remove(tag) else {
             return;
         };
+        if conn.ring_direct {
+            self.ring_direct -= 1;
+        }
         let Conn {
             stream, span, core, ..
         } = conn;
@@ -976,6 +1144,45 @@ impl Loop {
                 kind = %error.kind(),
                 "Client connection closed on I/O error"
             ),
+        }
+    }
+}
+
+/// A direct transfer on a blocking thread: non-blocking calls straight between `stream` and
+/// backend memory until nothing is left to move directly, waiting with `poll` (at most
+/// [`DIRECT_STALL`] at a time) while the socket is empty (full).
+fn direct_blocking(core: &mut Core, stream: &TcpStream, writable: bool) -> (Stop, DirectEnd) {
+    loop {
+        let moved = if writable {
+            if core.reply_remaining() == 0 {
+                return (Stop::Idle, DirectEnd::Done);
+            }
+            match core.send_direct(stream) {
+                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
+                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
+                Ok(Some(result)) => result,
+            }
+        } else {
+            if core.session.in_place_capacity() == 0 {
+                return (Stop::Idle, DirectEnd::Done);
+            }
+            match core.receive_direct(stream) {
+                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
+                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
+                Ok(Some(Ok(0))) => return (Stop::Idle, DirectEnd::Eof),
+                Ok(Some(result)) => result,
+            }
+        };
+        match moved {
+            Ok(_) => {}
+            Err(error) if shell_common::direct::retry(&error) => {
+                match ring::wait_ready(stream, writable, DIRECT_STALL) {
+                    Ok(true) => {}
+                    Ok(false) => return (Stop::Idle, DirectEnd::Stalled),
+                    Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
+                }
+            }
+            Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
         }
     }
 }
