@@ -166,7 +166,8 @@ fn spawn_server(
         .context("cannot start the server thread")
 }
 
-/// The tokio shell: a multi-threaded runtime, one task per client ([`shell_tokio::serve`]).
+/// The tokio shell: a multi-threaded runtime, one task per client, accepted on the server thread
+/// ([`shell_tokio::serve_on`]).
 #[cfg(feature = "tokio")]
 pub struct TokioShell;
 
@@ -198,15 +199,23 @@ impl Shell for TokioShell {
             .on_thread_stop(|| THREAD_DISPATCH.with(|slot| drop(slot.borrow_mut().take())))
             .build()
             .context("cannot start the tokio runtime")?;
+        // The accept loop on a current-thread runtime of the server thread, the clients on
+        // the workers (`shell_tokio::serve_on`: a lone client then runs its graphs inline).
+        let accept = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the tokio runtime")?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = spawn_server("rpc-tokio", move || {
-            runtime.block_on(async move {
+            let connections = runtime.handle().clone();
+            accept.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                shell_tokio::serve(listener, backend, config, async move {
+                shell_tokio::serve_on(listener, connections, backend, config, async move {
                     let _ = stop_rx.await;
                 })
                 .await
             })?;
+            drop(runtime);
             Ok(())
         })?;
         Ok(RunningServer::new(

@@ -27,6 +27,14 @@
 //! `spawn_blocking` would have to move the dispatcher into a `'static` closure and back for
 //! every call and pay a thread handoff each time. On a current-thread runtime (tests, tools)
 //! `block_in_place` is unavailable and every call runs inline.
+//!
+//! [`Blocking::InlineWhenAlone`] (connections of [`serve_on`](crate::server::serve_on), whose
+//! accept loop runs outside the connections' runtime) also runs a heavy call inline while its
+//! connection's task is the runtime's only task. Then nothing can wait behind the worker: no
+//! other task sits in its queues, and a client accepted meanwhile is spawned from outside the
+//! workers into the shared queue, which another worker takes (and with it the sockets' poll).
+//! `block_in_place` hands the worker to another thread and back, about seven context switches
+//! per call: per generated token of a small model, more than half of the server's switches.
 
 use std::collections::HashMap;
 use std::io;
@@ -59,6 +67,17 @@ const MAX_IO_SLICES: usize = 64;
 const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub use shell_common::ConnectionConfig;
+
+/// How a connection runs its heavy (possibly long, blocking) backend calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocking {
+    /// Under `block_in_place` on a multi-threaded runtime, inline otherwise.
+    InPlace,
+    /// Inline while the connection's task is the runtime's only task and another worker is
+    /// there, else as [`Blocking::InPlace`]. Only for runtimes whose clients are accepted
+    /// outside their workers (see the module docs).
+    InlineWhenAlone,
+}
 
 /// Work of an event that needs the sockets, done outside the synchronous event loop.
 enum Deferred {
@@ -163,6 +182,7 @@ pub(crate) async fn run(
     backend: Arc<dyn Backend>,
     config: Arc<ConnectionConfig>,
     mut stop: watch::Receiver<bool>,
+    blocking: Blocking,
 ) {
     if let Err(error) = stream.set_nodelay(true) {
         tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
@@ -171,7 +191,7 @@ pub(crate) async fn run(
     let mut stream = stream;
     // The dispatcher lives inside `serve_connection`, so every buffer is freed before the
     // socket closes: a client that sees EOF sees the server's memory back to baseline.
-    let result = serve_connection(&mut stream, backend, &config, &mut stop).await;
+    let result = serve(&mut stream, backend, &config, &mut stop, blocking).await;
     drop(stream);
     match result {
         Ok(Closed::ByClient) => tracing::info!("Client connection closed"),
@@ -204,15 +224,29 @@ pub async fn serve_connection<S>(
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
+    serve(stream, backend, config, stop, Blocking::InPlace).await
+}
+
+/// [`serve_connection`] with heavy calls run as `blocking` says.
+async fn serve<S>(
+    stream: &mut S,
+    backend: Arc<dyn Backend>,
+    config: &ConnectionConfig,
+    stop: &mut watch::Receiver<bool>,
+    blocking: Blocking,
+) -> Result<Closed, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + DirectIo + Unpin,
+{
     let mut session = ServerSession::new(config.session.clone());
     let mut dispatcher = Dispatcher::new(backend, config.dispatcher.clone())?;
     let mut read_buf = BytesMut::new();
     let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
-        let processed = match process_events(&mut session, &mut dispatcher, &mut links) {
+        let processed = match process_events(&mut session, &mut dispatcher, &mut links, blocking) {
             Ok(Some(Deferred::Reply(reply))) => {
                 flush(stream, &mut session).await?;
-                send_reply(stream, &mut session, &mut dispatcher, reply).await?;
+                send_reply(stream, &mut session, &mut dispatcher, reply, blocking).await?;
                 continue;
             }
             Ok(Some(Deferred::Comm(work))) => {
@@ -224,6 +258,7 @@ where
                     &mut dispatcher,
                     &mut links,
                     config.comm_timeout,
+                    blocking,
                 )
                 .await
                 .map(|()| true)
@@ -300,10 +335,11 @@ fn process_events(
     session: &mut ServerSession,
     dispatcher: &mut Dispatcher<dyn Backend>,
     links: &mut HashMap<u32, CommLink>,
+    blocking: Blocking,
 ) -> proto_core::Result<Option<Deferred>> {
     while let Some(event) = session.poll_event()? {
         let outcome = if is_heavy(&event) {
-            run_blocking(|| dispatcher.handle(event))?
+            run_blocking(blocking, || dispatcher.handle(event))?
         } else {
             dispatcher.handle(event)?
         };
@@ -341,6 +377,7 @@ async fn send_reply<S: AsyncWrite + DirectIo + Unpin>(
     // `&mut`, not `&`: the future must be Send, and the dispatcher is Send but not Sync.
     dispatcher: &mut Dispatcher<dyn Backend>,
     mut reply: TensorReadStream,
+    blocking: Blocking,
 ) -> Result<(), ConnectionError> {
     session.begin_response_stream(reply.command(), reply.len())?;
     if let Some(socket) = stream.socket() {
@@ -354,7 +391,7 @@ async fn send_reply<S: AsyncWrite + DirectIo + Unpin>(
             return Ok(());
         }
     }
-    while let Some(piece) = run_blocking(|| dispatcher.read_chunk(&mut reply))? {
+    while let Some(piece) = run_blocking(blocking, || dispatcher.read_chunk(&mut reply))? {
         session.send_response_data(piece)?;
         flush(stream, session).await?;
     }
@@ -371,6 +408,7 @@ async fn comm_work(
     dispatcher: &mut Dispatcher<dyn Backend>,
     links: &mut HashMap<u32, CommLink>,
     timeout: Duration,
+    blocking: Blocking,
 ) -> proto_core::Result<()> {
     match work {
         CommWork::Init(request) => {
@@ -403,7 +441,7 @@ async fn comm_work(
                 .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
             let backend = dispatcher.backend().clone();
             let mut bytes = vec![0u8; len];
-            run_blocking(|| backend.read(at, &mut bytes))?;
+            run_blocking(blocking, || backend.read(at, &mut bytes))?;
             let local: Vec<f32> = bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -412,16 +450,25 @@ async fn comm_work(
             for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
                 out.copy_from_slice(&value.to_le_bytes());
             }
-            run_blocking(|| backend.write(at, &bytes))
+            run_blocking(blocking, || backend.write(at, &bytes))
         }
     }
 }
 
-/// Runs `f` under `block_in_place` on a multi-threaded runtime, inline otherwise.
-fn run_blocking<R>(f: impl FnOnce() -> R) -> R {
-    match Handle::try_current().map(|handle| handle.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
+/// Runs the heavy call `f` as `blocking` says (see [`Blocking`]).
+fn run_blocking<R>(blocking: Blocking, f: impl FnOnce() -> R) -> R {
+    let Ok(handle) = Handle::try_current() else {
+        return f();
+    };
+    if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return f();
+    }
+    let metrics = handle.metrics();
+    let alone = metrics.num_alive_tasks() <= 1 && metrics.num_workers() >= 2;
+    if blocking == Blocking::InlineWhenAlone && alone {
+        f()
+    } else {
+        tokio::task::block_in_place(f)
     }
 }
 

@@ -25,6 +25,6 @@ pub mod server;
 
 pub use client::{Client, RemoteBuffer};
 pub use error::ClientError;
-pub use server::{serve, ServerConfig};
+pub use server::{serve, serve_on, ServerConfig};
 pub use shell_common::cache_dir;
 pub use shell_common::FsTensorCache;

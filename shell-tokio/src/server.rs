@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Backend;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -22,7 +23,7 @@ pub use shell_common::config::{
     DEFAULT_SHUTDOWN_GRACE,
 };
 
-use crate::connection;
+use crate::connection::{self, Blocking};
 
 /// Serves clients accepted on `listener` until `shutdown` completes.
 ///
@@ -40,6 +41,45 @@ use crate::connection;
 /// loop goes on.
 pub async fn serve(
     listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let here = Handle::current();
+    accept_loop(listener, here, Blocking::InPlace, backend, config, shutdown).await
+}
+
+/// [`serve`], with the clients' tasks on the multi-threaded runtime `connections`, while this
+/// accept loop runs where it is awaited, which must be another runtime (a current-thread
+/// runtime on a thread of its own, as `ggml-rpc-server` runs it).
+///
+/// Accepting outside the connections' workers lets a connection that is the runtime's only
+/// task run its heavy calls (a graph, a large write) inline instead of under
+/// `block_in_place`: a client accepted meanwhile still reaches an idle worker (see
+/// [`connection`](crate::connection), "Blocking backend calls"). That saves about seven
+/// context switches per graph of the common one-client case.
+pub async fn serve_on(
+    listener: TcpListener,
+    connections: Handle,
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    accept_loop(
+        listener,
+        connections,
+        Blocking::InlineWhenAlone,
+        backend,
+        config,
+        shutdown,
+    )
+    .await
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    connections: Handle,
+    blocking: Blocking,
     backend: Arc<dyn Backend>,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
@@ -72,18 +112,30 @@ pub async fn serve(
                     continue;
                 };
                 let span = tracing::info_span!("client", %peer);
-                let task = connection::run(
-                    stream,
-                    backend.clone(),
-                    connection_config.clone(),
-                    stop_rx.clone(),
-                );
-                tasks.spawn(
+                // Registered anew with the connections' runtime, inside its task.
+                let stream = match stream.into_std() {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::warn!(%peer, %error, kind = %error.kind(), "accept failed");
+                        continue;
+                    }
+                };
+                let (backend, config, stop) =
+                    (backend.clone(), connection_config.clone(), stop_rx.clone());
+                tasks.spawn_on(
                     async move {
-                        task.await;
+                        match TcpStream::from_std(stream) {
+                            Ok(stream) => {
+                                connection::run(stream, backend, config, stop, blocking).await
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, kind = %error.kind(), "accept failed")
+                            }
+                        }
                         drop(permit);
                     }
                     .instrument(span),
+                    &connections,
                 );
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
