@@ -459,6 +459,15 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                 };
                 let part = &mut part;
                 return match kernel {
+                    RowKernel::Q4K if quant::dot_q4_k_rows_wide() => grouped_part::<_, 16>(
+                        &weights,
+                        &kernel,
+                        &activation,
+                        s,
+                        &layout,
+                        scratch,
+                        part,
+                    ),
                     RowKernel::Q4K => grouped_part::<_, Q4K_ROWS>(
                         &weights,
                         &kernel,

@@ -491,6 +491,12 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         if x86::has_avx512_vnni() {
+            if RN == x86::Q4K_VNNI_ROWS {
+                // SAFETY: `has_avx512_vnni` checked AVX-512 F, BW, VL and VNNI (and AVX2,
+                // FMA, F16C); `RN` is checked; the caller checked the lengths.
+                unsafe { x86::dot_q4_k_rows_vnni(w, y, out) };
+                return;
+            }
             // SAFETY: `has_avx512_vnni` checked AVX-512 F and BW (and AVX2, FMA, F16C); the
             // caller checked the lengths.
             unsafe { x86::dot_q4_k_rows_zmm(w, y, out) };
@@ -507,6 +513,18 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
             *o = vec_dot_q4_k_q8_k(w.row(n), y);
         }
     }
+}
+
+/// Activation rows per call that [`dot_q4_k_rows`] is fastest with on this CPU: 16 with
+/// the AVX-512 VNNI kernel (one activation row per i32 lane), else 8.
+pub(super) fn q4_k_rows_per_call() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512_vnni() {
+            return x86::Q4K_VNNI_ROWS;
+        }
+    }
+    8
 }
 
 /// Every implementation of [`dot_q4_k_rows`] this CPU can run, with its name (for the test
@@ -535,6 +553,11 @@ pub(super) fn dot_q4_k_rows_all<const RN: usize>(
             // SAFETY: as in `dot_q4_k_rows` (AVX-512 F and BW checked).
             unsafe { x86::dot_q4_k_rows_zmm(w, y, &mut out) };
             all.push(("avx512", out.clone()));
+            if RN == x86::Q4K_VNNI_ROWS {
+                // SAFETY: as in `dot_q4_k_rows` (AVX-512 VNNI and `RN` checked).
+                unsafe { x86::dot_q4_k_rows_vnni(w, y, &mut out) };
+                all.push(("avx512-vnni", out.clone()));
+            }
         }
     }
     all
@@ -1987,6 +2010,175 @@ mod x86 {
                 }
             }
             *o = sumf;
+        }
+    }
+
+    /// Activation rows of [`dot_q4_k_rows_vnni`]: one per i32 lane of a zmm.
+    pub(super) const Q4K_VNNI_ROWS: usize = 16;
+
+    /// One Q8_K super-block of [`Q4K_VNNI_ROWS`] activation rows, interleaved for
+    /// [`dot_q4_k_rows_vnni`].
+    #[repr(C, align(64))]
+    struct Q8KLanes {
+        /// Per four quants `4k..4k + 4`, 64 bytes: those of row `r` in bytes `4r..4r + 4`.
+        q: [u8; 4 * QK_K * Q4K_VNNI_ROWS / 4],
+        /// Per pair of groups of 32 (`2h`, `2h + 1`), 16 i32: row `r`'s bsum of group `2h`
+        /// (the sum of its two bsums of 16) in the low i16, of group `2h + 1` in the high.
+        bsums: [i32; 4 * Q4K_VNNI_ROWS],
+        /// Row `r`'s `d`.
+        d: [f32; Q4K_VNNI_ROWS],
+    }
+
+    /// One Q4_K super-block of a weight row as [`dot_q4_k_rows_vnni`] reads it.
+    #[repr(C, align(64))]
+    struct Q4KDecoded {
+        /// The quants (0..15) in element order.
+        q: [u8; QK_K],
+    }
+
+    /// `tiles::dot_q4_k_rows` for [`Q4K_VNNI_ROWS`] activation rows with AVX-512 VNNI: super-block
+    /// by super-block, the activation rows' quants interleaved (four of each row per i32
+    /// lane, one row per lane), each weight row's block decoded once into bytes; then
+    /// `vpdpbusd` with the weight's four quants broadcast gives per lane (activation row) the
+    /// sum over a group of 32, times the group's scale (`vpmulld`), and `vpdpwssd` the mins
+    /// times the bsums: the exact integer sums of [`vec_dot_q4_k_q8_k`], for four weight rows
+    /// at a time. The f32 steps are `combine_k4`'s, lane by lane, added to the sums in block
+    /// order: the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; `RN` == [`Q4K_VNNI_ROWS`]; every row of
+    /// `y` as many Q8_K blocks as the rows of `w` have Q4_K blocks (whole blocks); `out` as
+    /// long as `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_rows_vnni<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        const R: usize = Q4K_VNNI_ROWS;
+        assert!(RN == R);
+        let blocks = w.row_len() / Q4_K_BYTES;
+        let rows = out.len().min(w.count());
+        let out = &mut out[..rows];
+        for o in out.iter_mut() {
+            *o = [0.0; RN];
+        }
+        let mut lanes = Q8KLanes {
+            q: [0; 4 * QK_K * R / 4],
+            bsums: [0; 4 * R],
+            d: [0.0; R],
+        };
+        for b in 0..blocks {
+            for (r, yr) in y.iter().enumerate() {
+                let Some(yb) = yr[b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                    return;
+                };
+                lanes.d[r] = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+                for (k, q) in yb[4..4 + QK_K].chunks_exact(4).enumerate() {
+                    lanes.q[64 * k + 4 * r..64 * k + 4 * r + 4].copy_from_slice(q);
+                }
+                let bs = |i: usize| {
+                    i16::from_le_bytes([yb[Q8_K_BSUMS + 2 * i], yb[Q8_K_BSUMS + 2 * i + 1]])
+                };
+                for h in 0..4 {
+                    // |bsum| <= 16 * 128 per group of 16: the sums of two fit in i16
+                    let g0 = bs(4 * h) + bs(4 * h + 1);
+                    let g1 = bs(4 * h + 2) + bs(4 * h + 3);
+                    lanes.bsums[R * h + r] = i32::from(g0 as u16) | (i32::from(g1) << 16);
+                }
+            }
+            let mut n = 0;
+            while n + 4 <= rows {
+                q4_k_vnni_rows::<4, RN>(w, n, b, &lanes, out);
+                n += 4;
+            }
+            while n < rows {
+                q4_k_vnni_rows::<1, RN>(w, n, b, &lanes, out);
+                n += 1;
+            }
+        }
+    }
+
+    /// Block `b` of weight rows `n..n + RM` of [`dot_q4_k_rows_vnni`] against the activation
+    /// block in `lanes`, added to `out[n..n + RM]`.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_k_rows_vnni`]; `n + RM <= out.len()`, block `b` inside the rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q4_k_vnni_rows<const RM: usize, const RN: usize>(
+        w: StridedRows<'_>,
+        n: usize,
+        b: usize,
+        lanes: &Q8KLanes,
+        out: &mut [[f32; RN]],
+    ) {
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut dec = [const { Q4KDecoded { q: [0; QK_K] } }; RM];
+        // per group of 32, the RM rows' scales
+        let mut scales = [[0i32; RM]; 8];
+        let mut mins = [[0u8; 8]; RM];
+        let mut xd = [[0f32; 2]; RM];
+        for i in 0..RM {
+            let Some(xb) = w.row(n + i)[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                return;
+            };
+            let (sc, m) = k4_scales(xb);
+            for (s, v) in scales.iter_mut().zip(sc) {
+                s[i] = v;
+            }
+            mins[i] = m;
+            xd[i] = [fp16(xb[0], xb[1]), fp16(xb[2], xb[3])];
+            for j in 0..4 {
+                let v = load32(xb, 16 + 32 * j);
+                let p = dec[i].q.as_mut_ptr().add(64 * j);
+                // SAFETY: bytes `64 j .. 64 j + 64` of the 256.
+                _mm256_storeu_si256(p.cast(), _mm256_and_si256(v, mask));
+                _mm256_storeu_si256(
+                    p.add(32).cast(),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                );
+            }
+        }
+        let mut isum = [_mm512_setzero_si512(); RM];
+        for (g, sc) in scales.iter().enumerate() {
+            let mut acc = [_mm512_setzero_si512(); RM];
+            for kk in 0..8 {
+                let k = 8 * g + kk;
+                // SAFETY: bytes `64 k .. 64 k + 64` of the interleaved quants (k < 64).
+                let a = _mm512_load_si512(lanes.q.as_ptr().add(64 * k).cast());
+                for i in 0..RM {
+                    // SAFETY: bytes `4 k .. 4 k + 4` of the 256 decoded quants.
+                    let x = dec[i].q.as_ptr().add(4 * k).cast::<i32>().read_unaligned();
+                    acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(x), a);
+                }
+            }
+            for i in 0..RM {
+                let s = _mm512_mullo_epi32(acc[i], _mm512_set1_epi32(sc[i]));
+                isum[i] = _mm512_add_epi32(isum[i], s);
+            }
+        }
+        // SAFETY: the 16 f32 of `d`, 64-byte aligned (the struct's alignment, offset a
+        // multiple of 64).
+        let yd = _mm512_load_ps(lanes.d.as_ptr());
+        for i in 0..RM {
+            let mut summs = _mm512_setzero_si512();
+            for h in 0..4 {
+                let m = i32::from(mins[i][2 * h]) | (i32::from(mins[i][2 * h + 1]) << 16);
+                // SAFETY: the 16 i32 of pair `h`, 64-byte aligned as above.
+                let bs = _mm512_load_si512(lanes.bsums.as_ptr().add(16 * h).cast());
+                summs = _mm512_dpwssd_epi32(summs, _mm512_set1_epi32(m), bs);
+            }
+            // `combine_k4`'s steps, lane by lane
+            let d = _mm512_mul_ps(_mm512_set1_ps(xd[i][0]), yd);
+            let dmin = _mm512_mul_ps(_mm512_set1_ps(xd[i][1]), yd);
+            let t = _mm512_sub_ps(
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[i])),
+                _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summs)),
+            );
+            let o = out[n + i].as_mut_ptr();
+            // SAFETY: `RN` == 16 f32 of row `n + i`'s output.
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), t));
         }
     }
 
