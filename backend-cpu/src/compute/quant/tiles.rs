@@ -735,6 +735,15 @@ mod tests {
             let mut one = vec![[0f32; 1]; 5];
             dot_q4_k_rows(sw, &[yr[2]], &mut one).unwrap();
             let all = simd::dot_q4_k_rows_all(sw, &yr);
+            for (name, got) in simd::dot_q4_k_rows_all(sw, &[yr[2]]) {
+                for (n, g) in got.iter().enumerate() {
+                    assert_eq!(
+                        g[0].to_bits(),
+                        out[n][2].to_bits(),
+                        "{name} {blocks} row {n}"
+                    );
+                }
+            }
             for (name, got) in &all {
                 for (n, (g, o)) in got.iter().zip(&out).enumerate() {
                     let (g, o) = (g.map(f32::to_bits), o.map(f32::to_bits));
@@ -772,6 +781,15 @@ mod tests {
                     assert_eq!(out[n][j].to_bits(), want, "16 rows {blocks} ({n}, {j})");
                     for (name, got) in &all {
                         assert_eq!(got[n][j].to_bits(), want, "{name} {blocks} ({n}, {j})");
+                    }
+                }
+            }
+            // one activation row (the extreme ones too) against the same seven weight rows
+            for j in [0, 14, 15] {
+                for (name, got) in simd::dot_q4_k_rows_all(sw, &[yr[j]]) {
+                    for (n, g) in got.iter().enumerate() {
+                        let want = out[n][j].to_bits();
+                        assert_eq!(g[0].to_bits(), want, "{name} 1 row {blocks} ({n}, {j})");
                     }
                 }
             }
