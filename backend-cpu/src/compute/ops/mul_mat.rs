@@ -399,10 +399,12 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         x.layout.ne[2] / w.layout.ne[2],
         x.layout.ne[3] / w.layout.ne[3],
     );
-    let cols = if tiles.is_some() || matches!(row_kernel, Some(RowKernel::Q4K)) {
-        // (for Q4_K as well: its row kernels rearrange the activation rows once per call,
-        // so wider tiles share that over more weight rows)
+    let cols = if tiles.is_some() {
         tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else if matches!(row_kernel, Some(RowKernel::Q4K)) {
+        // the Q4_K row kernels rearrange the activation rows once per call, so wider tiles
+        // share that over more weight rows (but never narrower than the default tiles)
+        tile_col_chunk(&weights, layout.ne[0], node.pool.threads()).max(col_chunk(&weights))
     } else if layout.rows() == 1 && matches!(row_kernel, Some(RowKernel::Float(_))) {
         // one activation row (generation): the float row kernel streams the weights in one
         // pass, so a few long parts per thread rather than many cache-sized tiles
