@@ -31,7 +31,8 @@
 //! generation, three consecutive weight rows at a time with software prefetch, over a few
 //! long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
-//! for eight activation rows), all again with the bits of `quant::vec_dot`.
+//! for eight activation rows, sixteen with AVX-512 VNNI, in the wider tiles of the Q4_0 /
+//! Q8_0 kernels), all again with the bits of `quant::vec_dot`.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -64,7 +65,8 @@ const KERNEL_ROWS: usize = 3;
 
 /// Activation rows per call of the Q4_K row kernel: each weight block's scales and quants
 /// are decoded once per call, so more rows share that work (the activation rows go one after
-/// the other, so they cost no registers).
+/// the other, so they cost no registers). With AVX-512 VNNI 16 instead
+/// (`quant::dot_q4_k_rows_wide`: one activation row per i32 lane).
 const Q4K_ROWS: usize = 8;
 
 /// The activations, converted once per node.
