@@ -31,7 +31,8 @@
 //! generation, three consecutive weight rows at a time with software prefetch, over a few
 //! long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
-//! for eight activation rows), all again with the bits of `quant::vec_dot`.
+//! for eight activation rows, sixteen with AVX-512 VNNI, in the wider tiles of the Q4_0 /
+//! Q8_0 kernels), all again with the bits of `quant::vec_dot`.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -64,7 +65,8 @@ const KERNEL_ROWS: usize = 3;
 
 /// Activation rows per call of the Q4_K row kernel: each weight block's scales and quants
 /// are decoded once per call, so more rows share that work (the activation rows go one after
-/// the other, so they cost no registers).
+/// the other, so they cost no registers). With AVX-512 VNNI 16 instead
+/// (`quant::dot_q4_k_rows_wide`: one activation row per i32 lane).
 const Q4K_ROWS: usize = 8;
 
 /// The activations, converted once per node.
@@ -401,6 +403,10 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     );
     let cols = if tiles.is_some() {
         tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
+    } else if matches!(row_kernel, Some(RowKernel::Q4K)) {
+        // the Q4_K row kernels rearrange the activation rows once per call, so wider tiles
+        // share that over more weight rows (but never narrower than the default tiles)
+        tile_col_chunk(&weights, layout.ne[0], node.pool.threads()).max(col_chunk(&weights))
     } else if layout.rows() == 1 && matches!(row_kernel, Some(RowKernel::Float(_))) {
         // one activation row (generation): the float row kernel streams the weights in one
         // pass, so a few long parts per thread rather than many cache-sized tiles
@@ -459,6 +465,15 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                 };
                 let part = &mut part;
                 return match kernel {
+                    RowKernel::Q4K if quant::dot_q4_k_rows_wide() => grouped_part::<_, 16>(
+                        &weights,
+                        &kernel,
+                        &activation,
+                        s,
+                        &layout,
+                        scratch,
+                        part,
+                    ),
                     RowKernel::Q4K => grouped_part::<_, Q4K_ROWS>(
                         &weights,
                         &kernel,

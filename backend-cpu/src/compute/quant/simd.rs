@@ -29,7 +29,15 @@
 //! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead. The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
-//! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`.
+//! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`. With AVX-512 VNNI it takes
+//! 16 activation rows per call, one per i32 lane: their quants interleaved per super-block,
+//! `vpdpbusd` against the weight's decoded quants broadcast four at a time, four weight rows
+//! at a time, the group scales applied per lane with `vpmulld` and the mins with `vpdpwssd`
+//! (pp64 on the tiny Q4_K model: about 2.4x less CPU in the Q4_K products than the
+//! reference's tiled AVX2 kernel). One activation row (generation, and a prompt's last-token
+//! output projection) has its own AVX-512 kernel: the row rearranged once per call so a
+//! weight block is two 64-byte loads, scales spread with `vpermw`, four weight rows reduced
+//! and combined together. Both give the same bits as `vec_dot_q4_k_q8_k`.
 //!
 //! No AMX: AMX instructions die with SIGILL on machines that advertise but do not enable them.
 //!
@@ -491,6 +499,18 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         if x86::has_avx512_vnni() {
+            if RN == x86::Q4K_VNNI_ROWS {
+                // SAFETY: `has_avx512_vnni` checked AVX-512 F, BW, VL and VNNI (and AVX2,
+                // FMA, F16C); `RN` is checked; the caller checked the lengths.
+                unsafe { x86::dot_q4_k_rows_vnni(w, y, out) };
+                return;
+            }
+            if RN == 1 {
+                // SAFETY: `has_avx512_vnni` checked AVX-512 F, BW and VL (and AVX2, FMA,
+                // F16C); `RN` is checked; the caller checked the lengths.
+                unsafe { x86::dot_q4_k_row1_zmm(w, y, out) };
+                return;
+            }
             // SAFETY: `has_avx512_vnni` checked AVX-512 F and BW (and AVX2, FMA, F16C); the
             // caller checked the lengths.
             unsafe { x86::dot_q4_k_rows_zmm(w, y, out) };
@@ -507,6 +527,18 @@ pub(super) fn dot_q4_k_rows<const RN: usize>(
             *o = vec_dot_q4_k_q8_k(w.row(n), y);
         }
     }
+}
+
+/// Activation rows per call that [`dot_q4_k_rows`] is fastest with on this CPU: 16 with
+/// the AVX-512 VNNI kernel (one activation row per i32 lane), else 8.
+pub(super) fn q4_k_rows_per_call() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512_vnni() {
+            return x86::Q4K_VNNI_ROWS;
+        }
+    }
+    8
 }
 
 /// Every implementation of [`dot_q4_k_rows`] this CPU can run, with its name (for the test
@@ -535,6 +567,16 @@ pub(super) fn dot_q4_k_rows_all<const RN: usize>(
             // SAFETY: as in `dot_q4_k_rows` (AVX-512 F and BW checked).
             unsafe { x86::dot_q4_k_rows_zmm(w, y, &mut out) };
             all.push(("avx512", out.clone()));
+            if RN == 1 {
+                // SAFETY: as in `dot_q4_k_rows` (AVX-512 F, BW, VL and `RN` checked).
+                unsafe { x86::dot_q4_k_row1_zmm(w, y, &mut out) };
+                all.push(("avx512-row1", out.clone()));
+            }
+            if RN == x86::Q4K_VNNI_ROWS {
+                // SAFETY: as in `dot_q4_k_rows` (AVX-512 VNNI and `RN` checked).
+                unsafe { x86::dot_q4_k_rows_vnni(w, y, &mut out) };
+                all.push(("avx512-vnni", out.clone()));
+            }
         }
     }
     all
@@ -1987,6 +2029,360 @@ mod x86 {
                 }
             }
             *o = sumf;
+        }
+    }
+
+    /// Activation rows of [`dot_q4_k_rows_vnni`]: one per i32 lane of a zmm.
+    pub(super) const Q4K_VNNI_ROWS: usize = 16;
+
+    /// One Q8_K super-block of [`Q4K_VNNI_ROWS`] activation rows, interleaved for
+    /// [`dot_q4_k_rows_vnni`].
+    #[repr(C, align(64))]
+    struct Q8KLanes {
+        /// Per four quants `4k..4k + 4`, 64 bytes: those of row `r` in bytes `4r..4r + 4`.
+        q: [u8; 4 * QK_K * Q4K_VNNI_ROWS / 4],
+        /// Per pair of groups of 32 (`2h`, `2h + 1`), 16 i32: row `r`'s bsum of group `2h`
+        /// (the sum of its two bsums of 16) in the low i16, of group `2h + 1` in the high.
+        bsums: [i32; 4 * Q4K_VNNI_ROWS],
+        /// Row `r`'s `d`.
+        d: [f32; Q4K_VNNI_ROWS],
+    }
+
+    /// One Q4_K super-block of a weight row as [`dot_q4_k_rows_vnni`] reads it.
+    #[repr(C, align(64))]
+    struct Q4KDecoded {
+        /// The quants (0..15) in element order.
+        q: [u8; QK_K],
+    }
+
+    /// `tiles::dot_q4_k_rows` for [`Q4K_VNNI_ROWS`] activation rows with AVX-512 VNNI: super-block
+    /// by super-block, the activation rows' quants interleaved (four of each row per i32
+    /// lane, one row per lane), each weight row's block decoded once into bytes; then
+    /// `vpdpbusd` with the weight's four quants broadcast gives per lane (activation row) the
+    /// sum over a group of 32, times the group's scale (`vpmulld`), and `vpdpwssd` the mins
+    /// times the bsums: the exact integer sums of [`vec_dot_q4_k_q8_k`], for four weight rows
+    /// at a time. The f32 steps are `combine_k4`'s, lane by lane, added to the sums in block
+    /// order: the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C; `RN` == [`Q4K_VNNI_ROWS`]; every row of
+    /// `y` as many Q8_K blocks as the rows of `w` have Q4_K blocks (whole blocks); `out` as
+    /// long as `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_rows_vnni<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        const R: usize = Q4K_VNNI_ROWS;
+        assert!(RN == R);
+        let blocks = w.row_len() / Q4_K_BYTES;
+        let rows = out.len().min(w.count());
+        let out = &mut out[..rows];
+        for o in out.iter_mut() {
+            *o = [0.0; RN];
+        }
+        let mut lanes = Q8KLanes {
+            q: [0; 4 * QK_K * R / 4],
+            bsums: [0; 4 * R],
+            d: [0.0; R],
+        };
+        for b in 0..blocks {
+            for (r, yr) in y.iter().enumerate() {
+                let Some(yb) = yr[b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                    return;
+                };
+                lanes.d[r] = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+                for (k, q) in yb[4..4 + QK_K].chunks_exact(4).enumerate() {
+                    lanes.q[64 * k + 4 * r..64 * k + 4 * r + 4].copy_from_slice(q);
+                }
+                let bs = |i: usize| {
+                    i16::from_le_bytes([yb[Q8_K_BSUMS + 2 * i], yb[Q8_K_BSUMS + 2 * i + 1]])
+                };
+                for h in 0..4 {
+                    // |bsum| <= 16 * 128 per group of 16: the sums of two fit in i16
+                    let g0 = bs(4 * h) + bs(4 * h + 1);
+                    let g1 = bs(4 * h + 2) + bs(4 * h + 3);
+                    lanes.bsums[R * h + r] = i32::from(g0 as u16) | (i32::from(g1) << 16);
+                }
+            }
+            let mut n = 0;
+            while n + 4 <= rows {
+                q4_k_vnni_rows::<4, RN>(w, n, b, &lanes, out);
+                n += 4;
+            }
+            while n < rows {
+                q4_k_vnni_rows::<1, RN>(w, n, b, &lanes, out);
+                n += 1;
+            }
+        }
+    }
+
+    /// Block `b` of weight rows `n..n + RM` of [`dot_q4_k_rows_vnni`] against the activation
+    /// block in `lanes`, added to `out[n..n + RM]`.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_k_rows_vnni`]; `n + RM <= out.len()`, block `b` inside the rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q4_k_vnni_rows<const RM: usize, const RN: usize>(
+        w: StridedRows<'_>,
+        n: usize,
+        b: usize,
+        lanes: &Q8KLanes,
+        out: &mut [[f32; RN]],
+    ) {
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut dec = [const { Q4KDecoded { q: [0; QK_K] } }; RM];
+        // per group of 32, the RM rows' scales
+        let mut scales = [[0i32; RM]; 8];
+        let mut mins = [[0u8; 8]; RM];
+        let mut xd = [[0f32; 2]; RM];
+        for i in 0..RM {
+            let Some(xb) = w.row(n + i)[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                return;
+            };
+            let (sc, m) = k4_scales(xb);
+            for (s, v) in scales.iter_mut().zip(sc) {
+                s[i] = v;
+            }
+            mins[i] = m;
+            xd[i] = [fp16(xb[0], xb[1]), fp16(xb[2], xb[3])];
+            for j in 0..4 {
+                let v = load32(xb, 16 + 32 * j);
+                let p = dec[i].q.as_mut_ptr().add(64 * j);
+                // SAFETY: bytes `64 j .. 64 j + 64` of the 256.
+                _mm256_storeu_si256(p.cast(), _mm256_and_si256(v, mask));
+                _mm256_storeu_si256(
+                    p.add(32).cast(),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                );
+            }
+        }
+        let mut isum = [_mm512_setzero_si512(); RM];
+        for (g, sc) in scales.iter().enumerate() {
+            let mut acc = [_mm512_setzero_si512(); RM];
+            for kk in 0..8 {
+                let k = 8 * g + kk;
+                // SAFETY: bytes `64 k .. 64 k + 64` of the interleaved quants (k < 64).
+                let a = _mm512_load_si512(lanes.q.as_ptr().add(64 * k).cast());
+                for i in 0..RM {
+                    // SAFETY: bytes `4 k .. 4 k + 4` of the 256 decoded quants.
+                    let x = dec[i].q.as_ptr().add(4 * k).cast::<i32>().read_unaligned();
+                    acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(x), a);
+                }
+            }
+            for i in 0..RM {
+                let s = _mm512_mullo_epi32(acc[i], _mm512_set1_epi32(sc[i]));
+                isum[i] = _mm512_add_epi32(isum[i], s);
+            }
+        }
+        // SAFETY: the 16 f32 of `d`, 64-byte aligned (the struct's alignment, offset a
+        // multiple of 64).
+        let yd = _mm512_load_ps(lanes.d.as_ptr());
+        for i in 0..RM {
+            let mut summs = _mm512_setzero_si512();
+            for h in 0..4 {
+                let m = i32::from(mins[i][2 * h]) | (i32::from(mins[i][2 * h + 1]) << 16);
+                // SAFETY: the 16 i32 of pair `h`, 64-byte aligned as above.
+                let bs = _mm512_load_si512(lanes.bsums.as_ptr().add(16 * h).cast());
+                summs = _mm512_dpwssd_epi32(summs, _mm512_set1_epi32(m), bs);
+            }
+            // `combine_k4`'s steps, lane by lane
+            let d = _mm512_mul_ps(_mm512_set1_ps(xd[i][0]), yd);
+            let dmin = _mm512_mul_ps(_mm512_set1_ps(xd[i][1]), yd);
+            let t = _mm512_sub_ps(
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[i])),
+                _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summs)),
+            );
+            let o = out[n + i].as_mut_ptr();
+            // SAFETY: `RN` == 16 f32 of row `n + i`'s output.
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), t));
+        }
+    }
+
+    /// Bytes of one Q8_K block of the activation row of [`dot_q4_k_row1_zmm`]: the quants in
+    /// the order the weight nibbles of a 64-byte load meet them (per half of the block, groups
+    /// of 32 in the order 0, 2, 1, 3), the eight bsums of the groups of 32 (i16), `d`, padding.
+    const Q8K_ROW1_BYTES: usize = 288;
+
+    /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K super-block, as
+    /// `k4_scales` decodes them (the 12-byte packing: low six bits of bytes 0..8, then the
+    /// nibbles of bytes 8..12 with the top two bits of bytes 0..8), eight at a time in a u64.
+    #[inline(always)]
+    fn k4_scales_mins_u64(xb: &[u8; Q4_K_BYTES]) -> (u64, u64) {
+        let u = |at: usize| u32::from_le_bytes([xb[at], xb[at + 1], xb[at + 2], xb[at + 3]]);
+        let (a, b, c) = (u(4), u(8), u(12));
+        let sc_lo = a & 0x3F3F_3F3F;
+        let sc_hi = (c & 0x0F0F_0F0F) | (((a >> 6) & 0x0303_0303) << 4);
+        let mn_lo = b & 0x3F3F_3F3F;
+        let mn_hi = ((c >> 4) & 0x0F0F_0F0F) | (((b >> 6) & 0x0303_0303) << 4);
+        (
+            u64::from(sc_lo) | (u64::from(sc_hi) << 32),
+            u64::from(mn_lo) | (u64::from(mn_hi) << 32),
+        )
+    }
+
+    /// `tiles::dot_q4_k_rows` for one activation row (generation, and the last-token output
+    /// projection of a prompt): the activation row rearranged once per call (see
+    /// [`Q8K_ROW1_BYTES`]), so that each weight block is two 64-byte loads whose low and
+    /// high nibbles meet 64 activation quants each; the scales and mins decoded with integer
+    /// masks and spread by `vpermw`; four weight rows at a time, their integer sums reduced
+    /// together and `combine_k4`'s f32 steps done for the four in one vector. The integer
+    /// sums are exact (those of [`vec_dot_q4_k_q8_k`]), the f32 steps the same: the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL, AVX2, FMA and F16C; `RN` == 1; every row of `y` as many Q8_K
+    /// blocks as the rows of `w` have Q4_K blocks (whole blocks); `out` as long as `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4_k_row1_zmm<const RN: usize>(
+        w: StridedRows<'_>,
+        y: &[&[u8]; RN],
+        out: &mut [[f32; RN]],
+    ) {
+        assert!(RN == 1);
+        let blocks = w.row_len() / Q4_K_BYTES;
+        let rows = out.len().min(w.count());
+        let mut ya = vec![0u8; blocks * Q8K_ROW1_BYTES];
+        for (b, o) in ya.chunks_exact_mut(Q8K_ROW1_BYTES).enumerate() {
+            let Some(yb) = y[0][b * Q8_K_BYTES..].first_chunk::<Q8_K_BYTES>() else {
+                return;
+            };
+            for (c, o) in o[..QK_K].chunks_exact_mut(32).enumerate() {
+                // chunk `c` of the rearranged quants is group `g` of 32
+                let g = 4 * (c / 4) + [0, 2, 1, 3][c % 4];
+                o.copy_from_slice(&yb[4 + 32 * g..4 + 32 * g + 32]);
+            }
+            let bs =
+                |i: usize| i16::from_le_bytes([yb[Q8_K_BSUMS + 2 * i], yb[Q8_K_BSUMS + 2 * i + 1]]);
+            for g in 0..8 {
+                // |bsum| <= 16 * 128 per group of 16: the sums of two fit in i16
+                let s = bs(2 * g) + bs(2 * g + 1);
+                o[QK_K + 2 * g..QK_K + 2 * g + 2].copy_from_slice(&s.to_le_bytes());
+            }
+            o[QK_K + 16..QK_K + 20].copy_from_slice(&yb[..4]);
+        }
+        let mut n = 0;
+        while n + 4 <= rows {
+            q4_k_row1_rows::<4, RN>(w, n, &ya, out);
+            n += 4;
+        }
+        while n < rows {
+            q4_k_row1_rows::<1, RN>(w, n, &ya, out);
+            n += 1;
+        }
+    }
+
+    /// Weight rows `n..n + RM` (`RM` 1 or 4) of [`dot_q4_k_row1_zmm`] against the rearranged
+    /// activation row `ya`, into `out[n..n + RM][0]`.
+    ///
+    /// # Safety
+    /// As for [`dot_q4_k_row1_zmm`]; `n + RM <= out.len()`, `ya` as many blocks as the rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn q4_k_row1_rows<const RM: usize, const RN: usize>(
+        w: StridedRows<'_>,
+        n: usize,
+        ya: &[u8],
+        out: &mut [[f32; RN]],
+    ) {
+        let mask = _mm512_set1_epi8(0x0F);
+        // `vpermw` indices: the scale of the groups that the low (high) nibbles of the first
+        // (second) 64 bytes meet, per 256-bit half
+        let idx = |lo: i16, hi: i16| {
+            let v: [i16; 32] = std::array::from_fn(|i| if i < 16 { lo } else { hi });
+            // SAFETY: 64 bytes of the 32 i16.
+            _mm512_loadu_si512(v.as_ptr().cast())
+        };
+        let (i_lo0, i_hi0, i_lo1, i_hi1) = (idx(0, 2), idx(1, 3), idx(4, 6), idx(5, 7));
+        let mut sum = _mm_setzero_ps();
+        let mut sum1 = 0f32;
+        for yb in ya.chunks_exact(Q8K_ROW1_BYTES) {
+            let b = (yb.as_ptr() as usize - ya.as_ptr() as usize) / Q8K_ROW1_BYTES;
+            // SAFETY: the 288 bytes of the block: quants at 0, 64, 128, 192, bsums at 256.
+            let yp = yb.as_ptr();
+            let (ylo0, yhi0) = (
+                _mm512_loadu_si512(yp.cast()),
+                _mm512_loadu_si512(yp.add(64).cast()),
+            );
+            let (ylo1, yhi1) = (
+                _mm512_loadu_si512(yp.add(128).cast()),
+                _mm512_loadu_si512(yp.add(192).cast()),
+            );
+            let bs2 = _mm_loadu_si128(yp.add(QK_K).cast());
+            let yd =
+                f32::from_le_bytes([yb[QK_K + 16], yb[QK_K + 17], yb[QK_K + 18], yb[QK_K + 19]]);
+            let mut isum = [_mm256_setzero_si256(); RM];
+            let mut summs = [_mm_setzero_si128(); RM];
+            let mut xd = [0f32; 4];
+            let mut xmin = [0f32; 4];
+            for i in 0..RM {
+                let Some(xb) = w.row(n + i)[b * Q4_K_BYTES..].first_chunk::<Q4_K_BYTES>() else {
+                    return;
+                };
+                (xd[i], xmin[i]) = (fp16(xb[0], xb[1]), fp16(xb[2], xb[3]));
+                let (sc, mn) = k4_scales_mins_u64(xb);
+                let sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+                // SAFETY: bytes 16..80 and 80..144 of the block, its quants.
+                let v0 = _mm512_loadu_si512(xb.as_ptr().add(16).cast());
+                let v1 = _mm512_loadu_si512(xb.as_ptr().add(80).cast());
+                let lo0 = _mm512_and_si512(v0, mask);
+                let hi0 = _mm512_and_si512(_mm512_srli_epi16::<4>(v0), mask);
+                let lo1 = _mm512_and_si512(v1, mask);
+                let hi1 = _mm512_and_si512(_mm512_srli_epi16::<4>(v1), mask);
+                let p = |q: __m512i, y: __m512i, ix: __m512i| {
+                    _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), _mm512_permutexvar_epi16(ix, sc))
+                };
+                let acc = _mm512_add_epi32(
+                    _mm512_add_epi32(p(lo0, ylo0, i_lo0), p(hi0, yhi0, i_hi0)),
+                    _mm512_add_epi32(p(lo1, ylo1, i_lo1), p(hi1, yhi1, i_hi1)),
+                );
+                isum[i] = _mm256_add_epi32(
+                    _mm512_castsi512_si256(acc),
+                    _mm512_extracti64x4_epi64::<1>(acc),
+                );
+                let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+                summs[i] = _mm_madd_epi16(mn, bs2);
+            }
+            if RM == 4 {
+                // the four rows' sums side by side
+                let h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(isum[0], isum[1 % RM]),
+                    _mm256_hadd_epi32(isum[2 % RM], isum[3 % RM]),
+                );
+                let is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let ms = _mm_hadd_epi32(
+                    _mm_hadd_epi32(summs[0], summs[1 % RM]),
+                    _mm_hadd_epi32(summs[2 % RM], summs[3 % RM]),
+                );
+                let ydv = _mm_set1_ps(yd);
+                // `combine_k4`'s steps, row by row in the lanes
+                let d = _mm_mul_ps(_mm_loadu_ps(xd.as_ptr()), ydv);
+                let dmin = _mm_mul_ps(_mm_loadu_ps(xmin.as_ptr()), ydv);
+                let t = _mm_sub_ps(
+                    _mm_mul_ps(d, _mm_cvtepi32_ps(is)),
+                    _mm_mul_ps(dmin, _mm_cvtepi32_ps(ms)),
+                );
+                sum = _mm_add_ps(sum, t);
+            } else {
+                let is = hsum_i32(isum[0]);
+                let ms = _mm_cvtsi128_si32(_mm_hadd_epi32(
+                    _mm_hadd_epi32(summs[0], summs[0]),
+                    _mm_hadd_epi32(summs[0], summs[0]),
+                ));
+                let (d, dmin) = (xd[0] * yd, xmin[0] * yd);
+                sum1 += d * is as f32 - dmin * ms as f32;
+            }
+        }
+        if RM == 4 {
+            let mut s = [0f32; 4];
+            // SAFETY: 16 bytes of the four f32.
+            _mm_storeu_ps(s.as_mut_ptr(), sum);
+            for (i, v) in s.iter().enumerate() {
+                out[n + i][0] = *v;
+            }
+        } else {
+            out[n][0] = sum1;
         }
     }
 

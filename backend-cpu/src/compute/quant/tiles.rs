@@ -265,6 +265,12 @@ pub fn dot_rows_wide() -> bool {
     super::simd::has_avx512_vnni()
 }
 
+/// Whether [`dot_q4_k_rows`] is better called with 16 activation rows than 8 on this CPU
+/// (its AVX-512 VNNI kernel computes one activation row per i32 lane of a zmm).
+pub fn dot_q4_k_rows_wide() -> bool {
+    super::simd::q4_k_rows_per_call() == 16
+}
+
 /// Runs `tile` on the groups of [`dot_rows`] (four rows a quarter apart, then the rest one
 /// by one), each with its weight rows and the outputs it fills.
 #[inline(always)]
@@ -702,8 +708,9 @@ mod tests {
         }
     }
 
-    /// The Q4_K row kernel gives `vec_dot`'s bits (portable and dispatched) for one and
-    /// three activation rows, over one and several super-blocks.
+    /// The Q4_K row kernel gives `vec_dot`'s bits (portable and dispatched) for one, three
+    /// and sixteen activation rows (the AVX-512 VNNI kernel's), over one and several
+    /// super-blocks.
     #[test]
     fn q4_k_rows_match_vec_dot() {
         use super::super::{k_quants, quantize_row, ty};
@@ -728,6 +735,15 @@ mod tests {
             let mut one = vec![[0f32; 1]; 5];
             dot_q4_k_rows(sw, &[yr[2]], &mut one).unwrap();
             let all = simd::dot_q4_k_rows_all(sw, &yr);
+            for (name, got) in simd::dot_q4_k_rows_all(sw, &[yr[2]]) {
+                for (n, g) in got.iter().enumerate() {
+                    assert_eq!(
+                        g[0].to_bits(),
+                        out[n][2].to_bits(),
+                        "{name} {blocks} row {n}"
+                    );
+                }
+            }
             for (name, got) in &all {
                 for (n, (g, o)) in got.iter().zip(&out).enumerate() {
                     let (g, o) = (g.map(f32::to_bits), o.map(f32::to_bits));
@@ -744,6 +760,39 @@ mod tests {
             }
             assert!(dot_q4_k_rows(sw, &yr, &mut out[..4]).is_err());
             assert!(dot_q4_k_rows(sw, &[&y[0][1..]], &mut one).is_err());
+            // sixteen activation rows (extreme quants too), seven weight rows (a group of
+            // four and three single rows)
+            let mut w: Vec<Vec<u8>> = (0..7).map(|_| row(ty::Q4_K, 144)).collect();
+            let mut y: Vec<Vec<u8>> = (0..16).map(|_| row(ty::Q8_K, 292)).collect();
+            for b in 0..blocks {
+                w[6][144 * b + 16..144 * b + 144].fill(0xFF);
+                y[15][292 * b + 4..292 * b + 260].fill(0x80);
+                y[14][292 * b + 4..292 * b + 260].fill(0x7F);
+            }
+            let flat: Vec<u8> = w.concat();
+            let sw = StridedRows::new(&flat, 144 * blocks, 144 * blocks, 7).unwrap();
+            let yr: [&[u8]; 16] = std::array::from_fn(|j| &y[j][..]);
+            let mut out = vec![[0f32; 16]; 7];
+            dot_q4_k_rows(sw, &yr, &mut out).unwrap();
+            let all = simd::dot_q4_k_rows_all(sw, &yr);
+            for (n, x) in w.iter().enumerate() {
+                for (j, yj) in y.iter().enumerate() {
+                    let want = k_quants::vec_dot_q4_k_q8_k(x, yj).to_bits();
+                    assert_eq!(out[n][j].to_bits(), want, "16 rows {blocks} ({n}, {j})");
+                    for (name, got) in &all {
+                        assert_eq!(got[n][j].to_bits(), want, "{name} {blocks} ({n}, {j})");
+                    }
+                }
+            }
+            // one activation row (the extreme ones too) against the same seven weight rows
+            for j in [0, 14, 15] {
+                for (name, got) in simd::dot_q4_k_rows_all(sw, &[yr[j]]) {
+                    for (n, g) in got.iter().enumerate() {
+                        let want = out[n][j].to_bits();
+                        assert_eq!(g[0].to_bits(), want, "{name} 1 row {blocks} ({n}, {j})");
+                    }
+                }
+            }
         }
     }
 
