@@ -368,17 +368,7 @@ impl Ring {
                 self.ring.submitter().submit_with_args(1, &args).map(drop)
             }
         };
-        match result {
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN)
-                ) =>
-            {
-                Ok(())
-            }
-            other => other,
-        }
+        entered(result)
     }
 
     /// Submits what is queued and takes the completions that are there, without waiting for
@@ -393,31 +383,11 @@ impl Ring {
                 .submitter()
                 .enter::<libc::sigset_t>(queued as u32, 0, ENTER_GETEVENTS, None)
         };
-        match result {
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                ) =>
-            {
-                Ok(())
-            }
-            other => other.map(drop),
-        }
+        entered(result)
     }
 
     fn submit_only(&mut self) -> io::Result<()> {
-        match self.ring.submit() {
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                ) =>
-            {
-                Ok(())
-            }
-            other => other.map(drop),
-        }
+        entered(self.ring.submit())
     }
 
     fn reap(&mut self) {
@@ -621,5 +591,22 @@ impl EventFd {
         // SAFETY: writes 8 bytes from a live local array. A full counter (EAGAIN) already
         // means a wake-up is pending, so the result needs no handling.
         let _ = unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+}
+
+/// The outcome of entering the ring, with the interruptions that leave nothing to report
+/// (a signal, a wait that timed out, a completion queue or kernel momentarily busy) as success:
+/// the loop just collects what completions there are and goes round again.
+fn entered<T>(result: io::Result<T>) -> io::Result<()> {
+    match result {
+        Err(error)
+            if matches!(
+                error.raw_os_error(),
+                Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN)
+            ) =>
+        {
+            Ok(())
+        }
+        other => other.map(drop),
     }
 }
