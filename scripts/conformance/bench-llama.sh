@@ -12,15 +12,20 @@
 #   --models LIST      GGUF paths (default: tiny f32,f16,q8_0,q4_0,q4_k + bench q8_0,q4_0)
 #   --tiny-only        skip the ~110M model
 #   --threads N        compute threads of both servers (default 1)
-#   -r N               repetitions (default 5)
+#   -r N               repetitions per llama-bench run (default 5)
+#   --rounds N         llama-bench runs per model, the device order swapped each (default 3);
+#                      the table shows medians over every repetition of every round
 #   -p N / -n N        prompt / generation lengths (default 64 / 32)
 #   --fa on|off|auto   flash attention (default off)
+#   --client-threads N llama-bench's own threads (default 1)
+#   --no-pin           do not pin (default: llama-bench on the first CPU, the servers on the
+#                      others, when there are two CPUs or more)
 #   --logdir DIR       default target/conformance/bench
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=5 pp=64 tg=32 fa=off
+mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=5 rounds=3 pp=64 tg=32 fa=off client_threads=1 pin=auto
 logdir="$CONF_OUT/bench"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -30,9 +35,12 @@ while [ $# -gt 0 ]; do
         --tiny-only) tiny_only=1; shift ;;
         --threads) threads=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
         -p) pp=$2; shift 2 ;;
         -n) tg=$2; shift 2 ;;
         --fa) fa=$2; shift 2 ;;
+        --client-threads) client_threads=$2; shift 2 ;;
+        --no-pin) pin=off; shift ;;
         --logdir) logdir=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
@@ -68,4 +76,5 @@ fi
 
 exec python3 -B "$CONF_DIR/bench_run.py" --bench "$PEER_BIN/llama-bench" --a-cmd "$a_cmd" \
     --b-cmd "$ref_cmd" --a-name "$a_name" --b-name "$b_name" --models "$models" \
-    -p "$pp" -n "$tg" -r "$reps" --fa "$fa" --logdir "$logdir" --note "$note"
+    -p "$pp" -n "$tg" -r "$reps" --rounds "$rounds" --fa "$fa" \
+    --client-threads "$client_threads" --pin "$pin" --logdir "$logdir" --note "$note"

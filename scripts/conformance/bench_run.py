@@ -4,8 +4,21 @@
 Driven by scripts/conformance/bench-llama.sh. Both servers are started with the same
 thread count and registered in one llama-bench process (`--rpc A,B`), which names their
 devices RPC0 (A) and RPC1 (B); `-dev RPC0,RPC1` then runs every test on each device in
-turn, with every layer offloaded (-ngl 99). Results come as JSONL; the table shows
-tokens/s for both and the ratio A/B (above 1 = A faster).
+turn, with every layer offloaded (-ngl 99). Results come as JSONL.
+
+Each model runs for `--rounds` rounds, the device order swapped every round (RPC0 first,
+then RPC1 first), and the table shows the median of every repetition's tokens/s for both
+servers, their middle half (25th-75th percentile), and the ratio of the medians A/B
+(above 1 = A faster). Why medians over swapped rounds: the t/s of the first repetitions
+of a run climb for either server, and a mean over one block of repetitions per server
+measures where that block fell more than the server.
+
+With `--pin` (the default when the machine has two CPUs or more), llama-bench runs on the
+first CPU it may use and both servers on the others (they take turns, so they never
+compete). Unpinned on a 2-vCPU VM, the tiny models' generation jumps between two levels
+2x apart (about 600 and 1300-1700 t/s) for whole series of repetitions, for either server,
+as the scheduler moves the client and the server between the vCPUs; pinned, both servers
+hold the fast level.
 """
 
 from __future__ import annotations
@@ -22,6 +35,26 @@ from conflib import Server, log
 conflib.LOG_TAG = "bench"
 
 
+def quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty list."""
+    v = sorted(xs)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def median(xs: list[float]) -> float:
+    return quantile(xs, 0.5)
+
+
+def spread(xs: list[float] | None, rc) -> str:
+    """`median (p25-p75)` of one server's samples, or the error when it has none."""
+    if not xs:
+        return f"ERR {rc}"
+    return f"{median(xs):.1f} ({quantile(xs, 0.25):.0f}-{quantile(xs, 0.75):.0f})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", required=True, help="llama-bench binary")
@@ -33,16 +66,28 @@ def main() -> int:
     ap.add_argument("-p", default="64")
     ap.add_argument("-n", default="32")
     ap.add_argument("-r", default="3")
+    ap.add_argument("--rounds", type=int, default=3, help="llama-bench runs per model, device order swapped each")
     ap.add_argument("--fa", default="off")
     ap.add_argument("--client-threads", default="2")
+    ap.add_argument("--pin", choices=["auto", "on", "off"], default="auto",
+                    help="client on the first CPU, servers on the rest (auto: when there are 2 CPUs or more)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--logdir", default="target/conformance/bench")
     ap.add_argument("--note", default="", help="printed under the table title (e.g. our server build)")
     args = ap.parse_args()
     os.makedirs(args.logdir, exist_ok=True)
 
-    a = Server(args.a_cmd, None, args.logdir, f"{args.a_name}-server")
-    b = Server(args.b_cmd, None, args.logdir, f"{args.b_name}-server")
+    usable = sorted(os.sched_getaffinity(0))
+    pin = args.pin == "on" or (args.pin == "auto" and len(usable) >= 2)
+    if pin and len(usable) < 2:
+        log("--pin on needs two CPUs or more")
+        return 2
+    client_cpus = {usable[0]} if pin else None
+    server_cpus = set(usable[1:]) if pin else None
+    if pin:
+        log(f"pinned: llama-bench on CPU {usable[0]}, servers on CPUs {','.join(map(str, usable[1:]))}")
+    a = Server(args.a_cmd, None, args.logdir, f"{args.a_name}-server", cpus=server_cpus)
+    b = Server(args.b_cmd, None, args.logdir, f"{args.b_name}-server", cpus=server_cpus)
     rows = []
     rc_all = 0
     try:
@@ -50,63 +95,71 @@ def main() -> int:
         b.start()
         for model in [m for m in args.models.split(",") if m]:
             mname = os.path.basename(model).removesuffix(".gguf")
-            cmd = [args.bench, "--rpc", f"{a.endpoint},{b.endpoint}", "-dev", "RPC0,RPC1", "-ngl", "99",
-                   "-m", model, "-p", args.p, "-n", args.n, "-r", args.r, "-fa", args.fa,
-                   "-t", args.client_threads, "-o", "jsonl"]
-            log(f"{mname}: {' '.join(cmd)}")
-            out_path = os.path.join(args.logdir, f"{mname}.jsonl")
-            err_path = os.path.join(args.logdir, f"{mname}.log")
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                try:
-                    p = subprocess.run(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                       timeout=args.timeout, env=dict(os.environ, GGML_NO_BACKTRACE="1"))
-                    rc = p.returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-            res = {}
-            with open(out_path) as f:
-                for line in f:
-                    line = line.strip()
-                    if not line.startswith("{"):
-                        continue
-                    j = json.loads(line)
-                    test = f"pp{j['n_prompt']}" if j["n_prompt"] else f"tg{j['n_gen']}"
-                    dev = j.get("devices", "")
-                    res[(test, dev)] = (j["avg_ts"], j["stddev_ts"], j.get("model_n_params", 0))
-            if rc != 0:
-                rc_all = 1
-                log(f"{mname}: llama-bench exit {rc}, see {err_path}")
-            for died, s in ((not a.alive(), a), (not b.alive(), b)):
-                if died:
-                    log(f"{s.name} died during {mname}")
+            samples: dict[tuple[str, str], list[float]] = {}
+            params = 0
+            rc = 0
+            for rnd in range(max(1, args.rounds)):
+                order = "RPC0,RPC1" if rnd % 2 == 0 else "RPC1,RPC0"
+                cmd = [args.bench, "--rpc", f"{a.endpoint},{b.endpoint}", "-dev", order, "-ngl", "99",
+                       "-m", model, "-p", args.p, "-n", args.n, "-r", args.r, "-fa", args.fa,
+                       "-t", args.client_threads, "-o", "jsonl"]
+                log(f"{mname} round {rnd + 1}/{args.rounds}: {' '.join(cmd)}")
+                out_path = os.path.join(args.logdir, f"{mname}.{rnd + 1}.jsonl")
+                err_path = os.path.join(args.logdir, f"{mname}.{rnd + 1}.log")
+                with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                    try:
+                        p = subprocess.run(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                           timeout=args.timeout, env=dict(os.environ, GGML_NO_BACKTRACE="1"),
+                                           preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus))
+                                           if client_cpus else None)
+                        rc_round = p.returncode
+                    except subprocess.TimeoutExpired:
+                        rc_round = "timeout"
+                with open(out_path) as f:
+                    for line in f:
+                        line = line.strip()
+                        if not line.startswith("{"):
+                            continue
+                        j = json.loads(line)
+                        test = f"pp{j['n_prompt']}" if j["n_prompt"] else f"tg{j['n_gen']}"
+                        server = "a" if j.get("devices", "").startswith("RPC0") else "b"
+                        samples.setdefault((test, server), []).extend(j.get("samples_ts") or [j["avg_ts"]])
+                        params = j.get("model_n_params", 0) or params
+                if rc_round != 0:
+                    rc = rc_round
                     rc_all = 1
-                    s.ensure()
+                    log(f"{mname}: llama-bench exit {rc_round}, see {err_path}")
+                for died, s in ((not a.alive(), a), (not b.alive(), b)):
+                    if died:
+                        log(f"{s.name} died during {mname}")
+                        rc_all = 1
+                        s.ensure()
             tests = []
-            for (test, _dev) in res:
+            for (test, _server) in samples:
                 if test not in tests:
                     tests.append(test)
             for test in tests:
-                ra = next((v for (t, d), v in res.items() if t == test and d.startswith("RPC0")), None)
-                rb = next((v for (t, d), v in res.items() if t == test and d.startswith("RPC1")), None)
-                rows.append((mname, test, ra, rb, rc))
+                rows.append((mname, test, params, samples.get((test, "a")), samples.get((test, "b")), rc))
             if not tests:
-                rows.append((mname, "-", None, None, rc))
+                rows.append((mname, "-", 0, None, None, rc))
     finally:
         a.stop()
         b.stop()
 
-    print(f"\nllama-bench via RPC: {args.a_name} (A) vs {args.b_name} (B), -r {args.r}, -fa {args.fa}, tokens/s")
+    print(f"\nllama-bench via RPC: {args.a_name} (A) vs {args.b_name} (B), {args.rounds} rounds of -r {args.r}, "
+          f"-fa {args.fa}{', pinned (client CPU ' + str(usable[0]) + ')' if pin else ''}; "
+          f"tokens/s, median of every repetition (middle half in brackets)")
     if args.note:
         print(args.note)
-    hdr = f"{'model':<24} {'params':>8} {'test':<6} {args.a_name + ' t/s':>16} {args.b_name + ' t/s':>16} {'A/B':>6}"
+    hdr = (f"{'model':<24} {'params':>8} {'test':<6} {args.a_name + ' t/s':>24} "
+           f"{args.b_name + ' t/s':>24} {'A/B':>6}")
     print(hdr)
     print("-" * len(hdr))
-    for mname, test, ra, rb, rc in rows:
-        params = f"{(ra or rb)[2] / 1e6:.0f}M" if (ra or rb) else "-"
-        fa_ = f"{ra[0]:8.1f} ±{ra[1]:5.1f}" if ra else f"{'ERR ' + str(rc):>16}"
-        fb_ = f"{rb[0]:8.1f} ±{rb[1]:5.1f}" if rb else f"{'ERR ' + str(rc):>16}"
-        ratio = f"{ra[0] / rb[0]:6.2f}" if ra and rb and rb[0] else "     -"
-        print(f"{mname:<24} {params:>8} {test:<6} {fa_:>16} {fb_:>16} {ratio}")
+    for mname, test, params, sa, sb, rc in rows:
+        ptxt = f"{params / 1e6:.0f}M" if params else "-"
+        ma, mb = (median(sa) if sa else None), (median(sb) if sb else None)
+        ratio = f"{ma / mb:6.2f}" if ma and mb else "     -"
+        print(f"{mname:<24} {ptxt:>8} {test:<6} {spread(sa, rc):>24} {spread(sb, rc):>24} {ratio}")
     print(f"\nraw results: {args.logdir}/*.jsonl")
     return rc_all
 

@@ -29,8 +29,10 @@ def free_port() -> int:
 class Server:
     """A server process we started (or an external endpoint when cmd is None)."""
 
-    def __init__(self, cmd: str | None, endpoint: str | None, logdir: str, name: str = "server"):
+    def __init__(self, cmd: str | None, endpoint: str | None, logdir: str, name: str = "server",
+                 cpus: set[int] | None = None):
         self.cmd = cmd
+        self.cpus = cpus  # CPU affinity of the process and all its threads, when set
         self.name = name
         self.logdir = logdir
         self.proc: subprocess.Popen | None = None
@@ -75,8 +77,10 @@ class Server:
         self.logf = open(path, "wb")
         self.log_path = path
         log(f"starting {self.name}: {cmd}  (log {path})")
+        cpus = self.cpus
         self.proc = subprocess.Popen(shlex.split(cmd), stdout=self.logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:
