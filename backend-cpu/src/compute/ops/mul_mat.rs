@@ -113,16 +113,19 @@ impl Prepared {
             .ok_or_else(|| internal("weights without a vec_dot_type"))?;
         let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
         let stride = k / info.block_size as usize * info.type_size as usize;
+        // F32 rows are read in place, without a copy, where they are aligned f32s (and the
+        // bytes are the values: little-endian)
+        let direct =
+            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
+        if f16_tiles {
+            return Self::float_rows(node, x, vdt, stride, direct, chunk).map(Prepared::F16);
+        }
         let mut bytes = vec![0u8; rows * stride];
         let items: Vec<(usize, &mut [u8])> = bytes
             .chunks_mut((chunk * stride).max(1))
             .enumerate()
             .map(|(i, c)| (i * chunk, c))
             .collect();
-        // F32 rows are quantized in place, without a copy, where they are aligned f32s (and
-        // the bytes are the values: little-endian)
-        let direct =
-            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
         node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
             let mut row = vec![0.0f32; k];
             for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
@@ -145,14 +148,48 @@ impl Prepared {
         if let Some(kind) = tiles {
             return Ok(Prepared::Tiles(quant::Q8Rows::from_q8_0(kind, k, &bytes)?));
         }
-        if f16_tiles {
-            let mut values = vec![0.0f32; rows * k];
-            for (v, b) in values.chunks_exact_mut(k).zip(bytes.chunks_exact(stride)) {
-                quant::dequantize_row(vdt, b, v)?;
-            }
-            return Ok(Prepared::F16(values));
-        }
         Ok(Prepared::Bytes { stride, bytes })
+    }
+
+    /// [`Prepared::F16`]: each row converted to `vdt` (F16 or F32) and widened back, one row
+    /// at a time through a row-sized buffer that stays in L1 (F32 rows are copied as they
+    /// are), so the activations pass through memory once.
+    fn float_rows(
+        node: &Node<'_>,
+        x: &SrcView<'_>,
+        vdt: u32,
+        stride: usize,
+        direct: bool,
+        chunk: usize,
+    ) -> Result<Vec<f32>> {
+        let k = x.layout.ne[0];
+        let mut values = vec![0.0f32; x.layout.rows() * k];
+        let items: Vec<(usize, &mut [f32])> = values
+            .chunks_mut((chunk * k).max(1))
+            .enumerate()
+            .map(|(i, c)| (i * chunk, c))
+            .collect();
+        node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
+            let mut converted = vec![0u8; if vdt == ty::F32 { 0 } else { stride }];
+            for (n, dst) in out.chunks_mut(k.max(1)).enumerate() {
+                let idx = x.layout.row_index(first + n);
+                let row = match direct {
+                    true => bytemuck::try_cast_slice::<u8, f32>(x.row(idx)).ok(),
+                    false => None,
+                };
+                match row {
+                    Some(row) if row.len() == dst.len() => dst.copy_from_slice(row),
+                    Some(_) => return Err(internal("MUL_MAT activation row of another length")),
+                    None => x.load_f32(idx, dst)?,
+                }
+                if vdt != ty::F32 {
+                    quant::quantize_row(vdt, dst, &mut converted)?;
+                    quant::dequantize_row(vdt, &converted, dst)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(values)
     }
 }
 
