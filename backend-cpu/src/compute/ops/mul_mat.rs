@@ -118,7 +118,7 @@ impl Prepared {
         let direct =
             cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
         if f16_tiles {
-            return Self::float_rows(node, x, vdt, stride, direct, chunk).map(Prepared::F16);
+            return Self::float_rows(node, x, vdt, direct, chunk).map(Prepared::F16);
         }
         let mut bytes = vec![0u8; rows * stride];
         let items: Vec<(usize, &mut [u8])> = bytes
@@ -151,14 +151,12 @@ impl Prepared {
         Ok(Prepared::Bytes { stride, bytes })
     }
 
-    /// [`Prepared::F16`]: each row converted to `vdt` (F16 or F32) and widened back, one row
-    /// at a time through a row-sized buffer that stays in L1 (F32 rows are copied as they
-    /// are), so the activations pass through memory once.
+    /// [`Prepared::F16`]: each row rounded to `vdt` (F16, or F32: copied as it is) in one
+    /// pass, so the activations pass through memory once.
     fn float_rows(
         node: &Node<'_>,
         x: &SrcView<'_>,
         vdt: u32,
-        stride: usize,
         direct: bool,
         chunk: usize,
     ) -> Result<Vec<f32>> {
@@ -170,7 +168,6 @@ impl Prepared {
             .map(|(i, c)| (i * chunk, c))
             .collect();
         node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
-            let mut converted = vec![0u8; if vdt == ty::F32 { 0 } else { stride }];
             for (n, dst) in out.chunks_mut(k.max(1)).enumerate() {
                 let idx = x.layout.row_index(first + n);
                 let row = match direct {
@@ -182,9 +179,10 @@ impl Prepared {
                     Some(_) => return Err(internal("MUL_MAT activation row of another length")),
                     None => x.load_f32(idx, dst)?,
                 }
-                if vdt != ty::F32 {
-                    quant::quantize_row(vdt, dst, &mut converted)?;
-                    quant::dequantize_row(vdt, &converted, dst)?;
+                match vdt {
+                    ty::F16 => quant::round_to_f16(dst),
+                    ty::F32 => {}
+                    _ => return Err(internal("float row kernel with a quantized vec_dot_type")),
                 }
             }
             Ok(())

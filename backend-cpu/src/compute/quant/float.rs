@@ -59,6 +59,20 @@ pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Every value rounded to F16 and widened back: [`quantize_f16`] then [`dequantize_f16`]
+/// (the same conversions, so the same bits), without the bytes between them.
+#[inline(always)]
+pub(super) fn round_f16(values: &mut [f32]) {
+    let mut halves = [f16::ZERO; CHUNK];
+    for v in values.chunks_mut(CHUNK) {
+        let halves = &mut halves[..v.len()];
+        halves.convert_from_f32_slice(v);
+        for (h, o) in halves.iter().zip(v.iter_mut()) {
+            *o = f16_to_f32(h.to_bits());
+        }
+    }
+}
+
 /// ggml's `GGML_BF16_TO_FP32`.
 #[inline(always)]
 pub(super) fn bf16_to_f32(bits: u16) -> f32 {

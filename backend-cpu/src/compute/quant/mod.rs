@@ -255,6 +255,12 @@ pub fn vec_dot_type(type_id: u32) -> Option<u32> {
     })
 }
 
+/// Rounds every value to F16 and widens it back, in place: the bits of [`quantize_row`] to
+/// F16 followed by [`dequantize_row`], in one pass.
+pub fn round_to_f16(values: &mut [f32]) {
+    simd::round_f16(values);
+}
+
 /// Dequantizes `dst.len()` elements (a multiple of the block size) of `type_id` from `src`.
 ///
 /// Bit-exact with ggml's `to_float` (`dequantize_row_*`, `ggml_fp16_to_fp32_row`,

@@ -108,6 +108,7 @@ multiversion! {
 
     quantize_f32(src: &[f32], dst: &mut [u8]) = float::quantize_f32;
     quantize_f16(src: &[f32], dst: &mut [u8]) = float::quantize_f16;
+    round_f16(values: &mut [f32]) = float::round_f16;
     quantize_bf16(src: &[f32], dst: &mut [u8]) = float::quantize_bf16;
     quantize_q8_1(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_1;
     quantize_q8_k(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_k;

@@ -1436,6 +1436,24 @@ fn quant_multiversioned_kernels_match_portable() {
         portable(&src, &mut b);
         assert_eq!(a, b, "quantize type {t}");
     }
+    // the F16 round trip in one pass: the bits of quantizing to F16 and widening back, on
+    // the same edge cases (odd lengths included)
+    for len in [n, n - 3, 5] {
+        let mut bytes = vec![0u8; 2 * len];
+        let mut want = vec![0f32; len];
+        float::quantize_f16(&src[..len], &mut bytes);
+        float::dequantize_f16(&bytes, &mut want);
+        let (mut fast, mut portable) = (src[..len].to_vec(), src[..len].to_vec());
+        simd::round_f16(&mut fast);
+        float::round_f16(&mut portable);
+        for got in [&fast, &portable] {
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(u, v)| u.to_bits() == v.to_bits());
+            assert!(same, "round_f16, {len} values");
+        }
+    }
 
     type Dot = fn(&[u8], &[u8]) -> f32;
     let dots: [(u32, Dot, Dot); 4] = [

@@ -866,8 +866,12 @@ mod throughput {
         for kind in [FloatRows::F16, FloatRows::F32] {
             let rb = kind.bytes() * k;
             let mut w = bytes(rows * rb, &mut seed);
-            if kind == FloatRows::F16 {
-                w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b);
+            // normal values only (see `float_gemm_throughput`)
+            match kind {
+                FloatRows::F16 => w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b),
+                FloatRows::F32 => w
+                    .chunks_exact_mut(4)
+                    .for_each(|v| v[3] = (v[3] & 0x80) | 0x3e),
             }
             let sw = StridedRows::new(&w, rb, rb, rows).unwrap();
             let mut out = vec![0f32; rows];
@@ -938,8 +942,13 @@ mod throughput {
         for kind in [FloatRows::F32, FloatRows::F16] {
             let rb = kind.bytes() * k;
             let mut w = bytes(rows * rb, &mut seed);
-            if kind == FloatRows::F16 {
-                w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b);
+            // normal values only (random bits would make subnormals, infinities and NaNs,
+            // which take slow paths in the multipliers)
+            match kind {
+                FloatRows::F16 => w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b),
+                FloatRows::F32 => w
+                    .chunks_exact_mut(4)
+                    .for_each(|v| v[3] = (v[3] & 0x80) | 0x3e),
             }
             let yrow = |r: usize| &y[r * k..(r + 1) * k];
             let mut res = vec![];
