@@ -407,6 +407,11 @@ impl Input<'_> {
             Input::Dst(layout) => {
                 let scalar = Scalar::numeric(layout.type_id)
                     .ok_or_else(|| internal("in-place source of a non-numeric type"))?;
+                if scalar == Scalar::F32 && cfg!(target_endian = "little") {
+                    // F32 little-endian is the values' own bytes: read straight into them
+                    let out = &mut out[..layout.ne[0]];
+                    return part.read(layout.row_number(idx), 0, bytemuck::cast_slice_mut(out));
+                }
                 scratch.resize(layout.row_bytes(), 0);
                 part.read(layout.row_number(idx), 0, scratch)?;
                 decode(scalar, scratch, &mut out[..layout.ne[0]]);

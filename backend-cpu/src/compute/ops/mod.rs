@@ -167,6 +167,11 @@ pub(super) fn map_rows<S>(
                 let idx = layout.row_index(r);
                 src.load_f32(&part, idx, x, bytes)?;
                 f(state, &part, idx, x, y)?;
+                if scalar == Scalar::F32 && cfg!(target_endian = "little") {
+                    // F32 little-endian is the values' own bytes: no encoding copy
+                    part.write_at(idx, 0, bytemuck::cast_slice(y))?;
+                    continue;
+                }
                 bytes.resize(ne0 * scalar.size(), 0);
                 encode(scalar, y, bytes);
                 part.write_at(idx, 0, bytes)?;

@@ -674,9 +674,10 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
             }
             let (outn, _) = scratch.group[..N * width].as_chunks_mut::<N>();
             kernel.run(rows, &y, outn)?;
-            for (c, o) in outn.iter().enumerate() {
-                for (j, &v) in o.iter().enumerate() {
-                    scratch.out[j * width + c] = v;
+            // one destination row at a time: sequential writes, no index checks
+            for (j, row) in scratch.out.chunks_exact_mut(width).take(N).enumerate() {
+                for (d, o) in row.iter_mut().zip(outn.iter()) {
+                    *d = o[j];
                 }
             }
             N

@@ -28,13 +28,17 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
         || (vec![0.0f32; ne0], Vec::new()),
         |(mask_row, scratch), part, [i1, i2, i3], x, y| {
             let slope = alibi_slope(max_bias, n_head, i2);
-            y.iter_mut().zip(x).for_each(|(w, &x)| *w = x * scale);
-            if let Some(mask) = &mask {
-                let ml = mask.layout();
-                mask.load_f32(part, [i1, i2 % ml.ne[2], i3 % ml.ne[3]], mask_row, scratch)?;
-                y.iter_mut()
-                    .zip(mask_row.iter())
-                    .for_each(|(w, &m)| *w += slope * m);
+            match &mask {
+                Some(mask) => {
+                    let ml = mask.layout();
+                    mask.load_f32(part, [i1, i2 % ml.ne[2], i3 % ml.ne[3]], mask_row, scratch)?;
+                    // ggml scales, then adds `slope * m`: both products rounded, then the sum
+                    // (Rust never fuses them), in one pass
+                    for ((w, &x), &m) in y.iter_mut().zip(x).zip(mask_row.iter()) {
+                        *w = x * scale + slope * m;
+                    }
+                }
+                None => y.iter_mut().zip(x).for_each(|(w, &x)| *w = x * scale),
             }
             let mut max = row_max(y);
             let sink = sinks.as_ref().map(|s| s.value([i2, 0, 0, 0]));
