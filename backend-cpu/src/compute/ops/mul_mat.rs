@@ -446,6 +446,10 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         // one activation row (generation): the float row kernel streams the weights in one
         // pass, so a few long parts per thread rather than many cache-sized tiles
         col_chunk(&weights).max(layout.ne[0].div_ceil(4 * node.pool.threads()))
+    } else if matches!(row_kernel, Some(RowKernel::Float(_))) {
+        // the float tile kernels: wide tiles as for Q4_0 / Q8_0 (fewer, longer result writes;
+        // `quant::tiles` measures them no slower than L1-sized tiles)
+        tile_col_chunk(&weights, layout.ne[0], node.pool.threads())
     } else {
         col_chunk(&weights)
     };
