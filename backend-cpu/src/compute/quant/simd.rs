@@ -1713,19 +1713,21 @@ mod x86 {
 
     /// Bytes ahead of the current weight rows that the one-activation-row float loop
     /// prefetches. Measured with `tiles::throughput::row1_throughput` (a 32000 x 256 matrix,
-    /// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40),
-    /// in us per pass, F16 / F32: without prefetch, two rows per group, 309 / 1439; three
+    /// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40;
+    /// the test now prints the median, on normal F32 values), in us per pass, F16 / F32:
+    /// without prefetch, two rows per group, 309 / 1439; three
     /// rows, 16 KiB ahead, 220 / 650; two rows 8 KiB ahead 215 / 725, 16 KiB 230 / 700,
     /// 32 KiB 285 / 850; four rows 16 KiB 250 / 950; one row 16 KiB 277 / 850. Prefetching
     /// into L2 only (T1) or non-temporally (NTA) was slower or the same. In llama-bench tg32
     /// on the tiny F16 model, server CPU time without prefetch 1.8x that with it.
     const ROW1_PREFETCH: usize = 16384;
 
-    /// [`ROW1_GROUP`] for F32 weights. The microbenchmark above ranks by the best pass, with
-    /// the matrix as warm as it gets; under llama-bench (tiny F32 model, tg32, server and
-    /// client pinned apart, several rounds) two rows 8 KiB ahead took 760-870 ms of server
-    /// CPU against 860-950 for three rows 16 KiB ahead, and moved the t/s ratio against the
-    /// reference from 0.84-0.87 to 0.95-0.98 (one row 8 KiB ahead: 0.87-0.91).
+    /// [`ROW1_GROUP`] for F32 weights. The F32 figures above came from random bit patterns
+    /// (subnormals and NaNs among them) and the best pass. Under llama-bench (tiny F32 model,
+    /// tg32, server and client pinned apart, several rounds) two rows 8 KiB ahead took
+    /// 760-870 ms of server CPU against 860-950 for three rows 16 KiB ahead, and moved the t/s
+    /// ratio against the reference from 0.84-0.87 to 0.95-0.98 (one row 8 KiB ahead:
+    /// 0.87-0.91). On normal values, cold or warm, the variants differ by less than the noise.
     const ROW1_GROUP_F32: usize = 2;
 
     /// [`ROW1_PREFETCH`] for F32 weights (see [`ROW1_GROUP_F32`]).
