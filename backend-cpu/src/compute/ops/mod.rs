@@ -184,6 +184,16 @@ pub(super) fn map_rows<S>(
 /// Every row of `view` as f32, `ne0` values per row in flat row order, converted on the
 /// threads (for sources whose rows are read many times).
 pub(super) fn widen_all(node: &Node<'_>, view: &SrcView<'_>) -> Result<Vec<f32>> {
+    widen_all_then(node, view, |_| {})
+}
+
+/// [`widen_all`], with `finish` run on each row right after it is converted (on the same
+/// thread, while the row is in cache).
+pub(super) fn widen_all_then(
+    node: &Node<'_>,
+    view: &SrcView<'_>,
+    finish: impl Fn(&mut [f32]) + Sync,
+) -> Result<Vec<f32>> {
     let width = view.layout.ne[0];
     let rows = view.layout.rows();
     let mut values = vec![0.0f32; rows * width];
@@ -199,6 +209,7 @@ pub(super) fn widen_all(node: &Node<'_>, view: &SrcView<'_>) -> Result<Vec<f32>>
     node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
         for (n, row) in out.chunks_mut(width).enumerate() {
             view.load_f32(view.layout.row_index(first + n), row)?;
+            finish(row);
         }
         Ok(())
     })?;

@@ -49,7 +49,7 @@ use crate::compute::quant;
 use crate::compute::view::Layout;
 use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
 
-use super::{dot, reduce_lanes, widen_all, Node, LANES};
+use super::{dot, reduce_lanes, widen_all, widen_all_then, Node, LANES};
 
 /// Bytes of widened weights a tile aims for (fits in L2 next to the activations).
 const TILE_WEIGHT_BYTES: usize = 128 << 10;
@@ -114,12 +114,14 @@ impl Prepared {
             .ok_or_else(|| internal("weights without a vec_dot_type"))?;
         let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
         let stride = k / info.block_size as usize * info.type_size as usize;
-        // F32 rows are read in place, without a copy, where they are aligned f32s (and the
-        // bytes are the values: little-endian)
-        let direct =
-            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
         if f16_tiles {
-            return Self::float_rows(node, x, vdt, direct, chunk).map(Prepared::F16);
+            // each row rounded to `vdt` (F16, or F32: as it is) right after its conversion
+            let round: fn(&mut [f32]) = match vdt {
+                ty::F16 => quant::round_to_f16,
+                ty::F32 => |_| {},
+                _ => return Err(internal("float row kernel with a quantized vec_dot_type")),
+            };
+            return widen_all_then(node, x, round).map(Prepared::F16);
         }
         let mut bytes = vec![0u8; rows * stride];
         let items: Vec<(usize, &mut [u8])> = bytes
@@ -127,6 +129,10 @@ impl Prepared {
             .enumerate()
             .map(|(i, c)| (i * chunk, c))
             .collect();
+        // F32 rows are quantized in place, without a copy, where they are aligned f32s (and
+        // the bytes are the values: little-endian)
+        let direct =
+            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
         node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
             let mut row = vec![0.0f32; k];
             for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
@@ -150,45 +156,6 @@ impl Prepared {
             return Ok(Prepared::Tiles(quant::Q8Rows::from_q8_0(kind, k, &bytes)?));
         }
         Ok(Prepared::Bytes { stride, bytes })
-    }
-
-    /// [`Prepared::F16`]: each row rounded to `vdt` (F16, or F32: copied as it is) in one
-    /// pass, so the activations pass through memory once.
-    fn float_rows(
-        node: &Node<'_>,
-        x: &SrcView<'_>,
-        vdt: u32,
-        direct: bool,
-        chunk: usize,
-    ) -> Result<Vec<f32>> {
-        let k = x.layout.ne[0];
-        let mut values = vec![0.0f32; x.layout.rows() * k];
-        let items: Vec<(usize, &mut [f32])> = values
-            .chunks_mut((chunk * k).max(1))
-            .enumerate()
-            .map(|(i, c)| (i * chunk, c))
-            .collect();
-        node.pool.run(items, &|(first, out): (usize, &mut [f32])| {
-            for (n, dst) in out.chunks_mut(k.max(1)).enumerate() {
-                let idx = x.layout.row_index(first + n);
-                let row = match direct {
-                    true => bytemuck::try_cast_slice::<u8, f32>(x.row(idx)).ok(),
-                    false => None,
-                };
-                match row {
-                    Some(row) if row.len() == dst.len() => dst.copy_from_slice(row),
-                    Some(_) => return Err(internal("MUL_MAT activation row of another length")),
-                    None => x.load_f32(idx, dst)?,
-                }
-                match vdt {
-                    ty::F16 => quant::round_to_f16(dst),
-                    ty::F32 => {}
-                    _ => return Err(internal("float row kernel with a quantized vec_dot_type")),
-                }
-            }
-            Ok(())
-        })?;
-        Ok(values)
     }
 }
 

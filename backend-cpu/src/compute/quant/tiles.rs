@@ -851,6 +851,27 @@ mod throughput {
             .collect()
     }
 
+    /// `n` activation values, small and positive.
+    fn activations(n: usize, seed: &mut u64) -> Vec<f32> {
+        bytes(n, seed)
+            .iter()
+            .map(|&b| f32::from(b) / 64.0)
+            .collect()
+    }
+
+    /// `rows` weight rows of `k` values of `kind`, normal values only (random bits would make
+    /// subnormals, infinities and NaNs, which take slow paths in the multipliers).
+    fn float_weights(kind: FloatRows, rows: usize, k: usize, seed: &mut u64) -> Vec<u8> {
+        let mut w = bytes(rows * kind.bytes() * k, seed);
+        match kind {
+            FloatRows::F16 => w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b),
+            FloatRows::F32 => w
+                .chunks_exact_mut(4)
+                .for_each(|v| v[3] = (v[3] & 0x80) | 0x3e),
+        }
+        w
+    }
+
     /// One activation row against a 32000 x 256 weight matrix (the tiny models' output
     /// projection), F16 and F32, for several group sizes and prefetch distances:
     /// `cargo test --release -p backend-cpu row1_throughput -- --ignored --nocapture`.
@@ -859,20 +880,10 @@ mod throughput {
     fn row1_throughput() {
         let (k, rows) = (256usize, 32000usize);
         let mut seed = 5u64;
-        let y: Vec<f32> = bytes(k, &mut seed)
-            .iter()
-            .map(|&b| f32::from(b) / 64.0)
-            .collect();
+        let y = activations(k, &mut seed);
         for kind in [FloatRows::F16, FloatRows::F32] {
             let rb = kind.bytes() * k;
-            let mut w = bytes(rows * rb, &mut seed);
-            // normal values only (see `float_gemm_throughput`)
-            match kind {
-                FloatRows::F16 => w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b),
-                FloatRows::F32 => w
-                    .chunks_exact_mut(4)
-                    .for_each(|v| v[3] = (v[3] & 0x80) | 0x3e),
-            }
+            let w = float_weights(kind, rows, k, &mut seed);
             let sw = StridedRows::new(&w, rb, rb, rows).unwrap();
             let mut out = vec![0f32; rows];
             let mut junk = vec![1u8; 64 << 20];
@@ -935,21 +946,10 @@ mod throughput {
     fn float_gemm_throughput() {
         let (k, rows, acts) = (256usize, 256usize, 64usize);
         let mut seed = 3u64;
-        let y: Vec<f32> = bytes(k * acts, &mut seed)
-            .iter()
-            .map(|&b| f32::from(b) / 64.0)
-            .collect();
+        let y = activations(k * acts, &mut seed);
         for kind in [FloatRows::F32, FloatRows::F16] {
             let rb = kind.bytes() * k;
-            let mut w = bytes(rows * rb, &mut seed);
-            // normal values only (random bits would make subnormals, infinities and NaNs,
-            // which take slow paths in the multipliers)
-            match kind {
-                FloatRows::F16 => w.chunks_exact_mut(2).for_each(|h| h[1] &= 0x3b),
-                FloatRows::F32 => w
-                    .chunks_exact_mut(4)
-                    .for_each(|v| v[3] = (v[3] & 0x80) | 0x3e),
-            }
+            let w = float_weights(kind, rows, k, &mut seed);
             let yrow = |r: usize| &y[r * k..(r + 1) * k];
             let mut res = vec![];
             macro_rules! run {
