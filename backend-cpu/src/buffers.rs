@@ -8,8 +8,11 @@
 //! large sizes the C library maps fresh zero pages instead of writing zeros: a 1 GiB buffer costs
 //! no resident memory until it is written. A larger element alignment would make std zero the
 //! memory by hand, committing every page at allocation time. Failure (including sizes beyond
-//! `isize::MAX`) is a soft `None`, never an abort. The `u128` elements also give every buffer a
-//! 16-byte aligned base, which the compute engine can rely on for typed access.
+//! `isize::MAX`) is a soft `None`, never an abort. The buffer's bytes start at the first
+//! 64-byte boundary of that storage ([`BUFFER_ALIGN`], ggml's own buffer alignment), which
+//! the allocator alone does not give (glibc puts a 16-byte header in front of every block):
+//! with a base 16 bytes off a cache line, every 64-byte vector load of a weight row would
+//! straddle two lines.
 //!
 //! # Locking
 //! The table itself sits behind one `RwLock` that is held only long enough to clone an
@@ -41,15 +44,44 @@ type Word = u128;
 /// Below it, `memset` is cheaper than a new allocation.
 const FRESH_ZERO_THRESHOLD: usize = 1 << 20;
 
-/// Allocates `len` zero bytes as words, or `None` when the allocator refuses.
-fn zeroed_words(len: usize) -> Option<Box<[Word]>> {
-    // `Layout::array` inside rejects anything above isize::MAX bytes; checked here as well so
-    // the rounding up to whole words cannot carry a size just below the limit over it.
-    if isize::try_from(len).is_err() {
-        return None;
+/// Where every buffer's bytes start: a cache line, as ggml's `ggml_aligned_malloc` gives.
+pub(crate) const BUFFER_ALIGN: usize = 64;
+
+/// Zeroed word storage with `len` bytes starting at a [`BUFFER_ALIGN`] boundary inside it.
+#[derive(Debug)]
+struct Storage {
+    words: Box<[Word]>,
+    /// Bytes from the start of `words` to the buffer's first byte.
+    start: usize,
+}
+
+impl Storage {
+    /// Allocates `len` zero bytes, or `None` when the allocator refuses.
+    fn zeroed(len: usize) -> Option<Storage> {
+        // Up to this many bytes in front of the aligned start (the words are 16-aligned).
+        let slack = BUFFER_ALIGN - std::mem::align_of::<Word>();
+        let total = len.checked_add(slack)?;
+        // `Layout::array` inside rejects anything above isize::MAX bytes; checked here as
+        // well so the rounding up to whole words cannot carry a size just below the limit
+        // over it.
+        if isize::try_from(total).is_err() {
+            return None;
+        }
+        let words = total.div_ceil(std::mem::size_of::<Word>());
+        let words = bytemuck::allocation::try_zeroed_slice_box::<Word>(words).ok()?;
+        let start = words.as_ptr().cast::<u8>().align_offset(BUFFER_ALIGN);
+        // `align_offset` may give up (usize::MAX); then the block has no aligned start within
+        // the slack, which the check below turns into a refusal rather than a short buffer.
+        (start <= slack).then_some(Storage { words, start })
     }
-    let words = len.div_ceil(std::mem::size_of::<Word>());
-    bytemuck::allocation::try_zeroed_slice_box::<Word>(words).ok()
+
+    fn bytes(&self, len: usize) -> &[u8] {
+        &bytemuck::cast_slice::<Word, u8>(&self.words)[self.start..self.start + len]
+    }
+
+    fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<Word, u8>(&mut self.words)[self.start..self.start + len]
+    }
 }
 
 /// Live-buffer statistics shared by the pool and its buffers.
@@ -62,9 +94,9 @@ struct Stats {
 /// One host-memory buffer.
 #[derive(Debug)]
 pub(crate) struct HostBuffer {
-    /// Usable size in bytes (the word storage may be up to 15 bytes longer).
+    /// Usable size in bytes (the storage is longer: alignment slack and whole words).
     len: usize,
-    words: RwLock<Box<[Word]>>,
+    storage: RwLock<Storage>,
     stats: Arc<Stats>,
 }
 
@@ -79,7 +111,7 @@ impl HostBuffer {
         // A panic while holding the lock cannot leave the bytes in a state that matters to
         // the protocol (they are plain data), so a poisoned lock stays usable.
         ReadBytes {
-            guard: self.words.read().unwrap_or_else(|p| p.into_inner()),
+            guard: self.storage.read().unwrap_or_else(|p| p.into_inner()),
             len: self.len,
         }
     }
@@ -87,7 +119,7 @@ impl HostBuffer {
     /// Exclusive access to the bytes.
     pub(crate) fn write(&self) -> WriteBytes<'_> {
         WriteBytes {
-            guard: self.words.write().unwrap_or_else(|p| p.into_inner()),
+            guard: self.storage.write().unwrap_or_else(|p| p.into_inner()),
             len: self.len,
         }
     }
@@ -98,7 +130,7 @@ impl HostBuffer {
         if value == 0 && self.len >= FRESH_ZERO_THRESHOLD {
             // Same result as writing zeros, but the new pages stay uncommitted until used and
             // the old ones go back to the OS. If the allocator refuses, fall back to writing.
-            if let Some(fresh) = zeroed_words(self.len) {
+            if let Some(fresh) = Storage::zeroed(self.len) {
                 let old = std::mem::replace(&mut *bytes.guard, fresh);
                 // Unmapping the old storage does not need the lock.
                 drop(bytes);
@@ -121,27 +153,27 @@ impl Drop for HostBuffer {
 
 /// A read lock on a buffer, viewed as its `len` bytes.
 pub(crate) struct ReadBytes<'a> {
-    guard: RwLockReadGuard<'a, Box<[Word]>>,
+    guard: RwLockReadGuard<'a, Storage>,
     len: usize,
 }
 
 impl ReadBytes<'_> {
     /// The buffer's bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<Word, u8>(&self.guard)[..self.len]
+        self.guard.bytes(self.len)
     }
 }
 
 /// A write lock on a buffer, viewed as its `len` bytes.
 pub(crate) struct WriteBytes<'a> {
-    guard: RwLockWriteGuard<'a, Box<[Word]>>,
+    guard: RwLockWriteGuard<'a, Storage>,
     len: usize,
 }
 
 impl WriteBytes<'_> {
     /// The buffer's bytes, writable.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<Word, u8>(&mut self.guard)[..self.len]
+        self.guard.bytes_mut(self.len)
     }
 }
 
@@ -183,12 +215,12 @@ impl BufferPool {
         let len = usize::try_from(size).ok()?;
         // Allocate before taking the table lock: a large allocation may take a while and must
         // not stall other connections' lookups.
-        let words = zeroed_words(len)?;
+        let storage = Storage::zeroed(len)?;
         self.stats.used_bytes.fetch_add(size, Ordering::Relaxed);
         self.stats.live_buffers.fetch_add(1, Ordering::Relaxed);
         let buffer = Arc::new(HostBuffer {
             len,
-            words: RwLock::new(words),
+            storage: RwLock::new(storage),
             stats: self.stats.clone(),
         });
         let id = BufferId(self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -308,6 +340,7 @@ mod tests {
             let buffer = pool.get(id).unwrap();
             assert_eq!(buffer.len() as u64, size);
             assert!(buffer.read().bytes().iter().all(|&b| b == 0));
+            assert_eq!(buffer.read().bytes().as_ptr() as usize % BUFFER_ALIGN, 0);
             // A region may not reach into the word padding.
             assert!(pool.with_region(at(id, 0), size + 1, |_| ()).is_err());
         }
@@ -353,6 +386,8 @@ mod tests {
         buffer.clear(0);
         assert_eq!(buffer.len(), size);
         assert!(buffer.read().bytes().iter().all(|&b| b == 0));
+        // The swapped-in storage is aligned like the first.
+        assert_eq!(buffer.read().bytes().as_ptr() as usize % BUFFER_ALIGN, 0);
         assert_eq!(pool.used_bytes(), size as u64);
     }
 

@@ -1723,12 +1723,15 @@ mod x86 {
     const ROW1_PREFETCH: usize = 16384;
 
     /// [`ROW1_GROUP`] for F32 weights. The F32 figures above came from random bit patterns
-    /// (subnormals and NaNs among them) and the best pass. Under llama-bench (tiny F32 model,
-    /// tg32, server and client pinned apart, several rounds) two rows 8 KiB ahead took
-    /// 760-870 ms of server CPU against 860-950 for three rows 16 KiB ahead, and moved the t/s
-    /// ratio against the reference from 0.84-0.87 to 0.95-0.98 (one row 8 KiB ahead:
-    /// 0.87-0.91). On normal values, cold or warm, the variants differ by less than the noise.
-    const ROW1_GROUP_F32: usize = 2;
+    /// (subnormals and NaNs among them), the best pass, and weights 16 bytes off a cache line
+    /// (as the buffers then were): every 64-byte load straddled two lines. On 64-byte aligned
+    /// normal values (COLD, median), one row 8 KiB ahead takes 876-944 us, one row 4 KiB
+    /// ahead 901-961, two rows 8 KiB ahead 950-1056, three rows 16 KiB ahead 1209-1317.
+    /// Under llama-bench (tiny F32 model, tg32, server and client pinned apart), perf samples
+    /// in this loop: one row 2219-2361, two rows 2557-2776, the reference's
+    /// `ggml_vec_dot_f32` 2201-2358. (F16 keeps three rows: there two rows took 7 % and one
+    /// row 35 % more samples.)
+    const ROW1_GROUP_F32: usize = 1;
 
     /// [`ROW1_PREFETCH`] for F32 weights (see [`ROW1_GROUP_F32`]).
     const ROW1_PREFETCH_F32: usize = 8192;

@@ -883,8 +883,13 @@ mod throughput {
         let y = activations(k, &mut seed);
         for kind in [FloatRows::F16, FloatRows::F32] {
             let rb = kind.bytes() * k;
-            let w = float_weights(kind, rows, k, &mut seed);
-            let sw = StridedRows::new(&w, rb, rb, rows).unwrap();
+            // 64-byte aligned, as the server's buffers are
+            let unaligned = float_weights(kind, rows, k, &mut seed);
+            let mut storage = vec![0u8; unaligned.len() + 64];
+            let start = storage.as_ptr().align_offset(64);
+            let w = &mut storage[start..start + unaligned.len()];
+            w.copy_from_slice(&unaligned);
+            let sw = StridedRows::new(w, rb, rb, rows).unwrap();
             let mut out = vec![0f32; rows];
             let mut junk = vec![1u8; 64 << 20];
             let cold = std::env::var("COLD").is_ok();
@@ -928,6 +933,8 @@ mod throughput {
             variant!(1, 32768);
             variant!(2, 4096);
             variant!(2, 8192);
+            variant!(2, 16384);
+            variant!(3, 8192);
             variant!(3, 16384);
             let (o, _) = out.as_chunks_mut::<1>();
             dot_float_rows(kind, sw, &yr, o).unwrap();
