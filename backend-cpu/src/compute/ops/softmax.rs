@@ -40,7 +40,7 @@ pub(super) fn soft_max(node: &Node<'_>, dst: Dst<'_>, scale: f32, max_bias: f32)
                 }
                 None => y.iter_mut().zip(x).for_each(|(w, &x)| *w = x * scale),
             }
-            let mut max = row_max(y);
+            let mut max = quant::row_max(y);
             let sink = sinks.as_ref().map(|s| s.value([i2, 0, 0, 0]));
             if let Some(sink) = sink {
                 max = c_max(max, sink);
@@ -74,16 +74,10 @@ fn exp_and_sum(w: &mut [f32], max: f32) -> f64 {
     }
     let mut rest = w;
     while !rest.is_empty() {
-        let masked = rest
-            .iter()
-            .position(|&v| v != f32::NEG_INFINITY)
-            .unwrap_or(rest.len());
+        let masked = quant::first_where_masked(rest, false);
         rest[..masked].fill(0.0);
         rest = &mut rest[masked..];
-        let run = rest
-            .iter()
-            .position(|&v| v == f32::NEG_INFINITY)
-            .unwrap_or(rest.len());
+        let run = quant::first_where_masked(rest, true);
         let (values, after) = rest.split_at_mut(run);
         values.iter_mut().for_each(|v| *v -= max);
         quant::exp_in_place(values);
@@ -91,28 +85,6 @@ fn exp_and_sum(w: &mut [f32], max: f32) -> f64 {
         rest = after;
     }
     sum
-}
-
-/// `fold(-inf, c_max)` over `w` in order, as ggml's `ggml_vec_max_f32` scans. Without NaNs
-/// the result is the largest value whatever the order (up to the sign of a zero maximum,
-/// which no later step can tell: `x - 0` and `x + 0` are equal for every `x` but zeros, and
-/// `exp(±0)` is 1), so it is taken in eight lanes, which vectorize; a row with a NaN is
-/// scanned in order, where a NaN is kept only when nothing after it compares.
-fn row_max(w: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    if w.iter().any(|v| v.is_nan()) {
-        return w.iter().fold(f32::NEG_INFINITY, |m, &v| c_max(m, v));
-    }
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = w.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = c_max(*m, v);
-        }
-    }
-    let max = lanes.into_iter().fold(f32::NEG_INFINITY, c_max);
-    tail.iter().fold(max, |m, &v| c_max(m, v))
 }
 
 pub(super) fn diag_mask(node: &Node<'_>, dst: Dst<'_>, n_past: usize, value: f32) -> Result<()> {
@@ -154,8 +126,19 @@ mod tests {
                 }
             })
             .collect();
-        let rows: [&[f32]; 6] = [
+        // runs that start and end inside and across the 16-entry scan steps
+        let long: Vec<f32> = (0..300)
+            .map(|i| {
+                if (i % 53) < 20 || (i > 140 && i < 180) {
+                    (i as f32 * 0.11).cos() * 3.0
+                } else {
+                    -inf
+                }
+            })
+            .collect();
+        let rows: [&[f32]; 7] = [
             &causal,
+            &long,
             &[
                 -inf, 1.0, 2.0, -inf, -inf, 3.0, 0.5, -inf, 7.0, 8.0, 9.0, -inf,
             ],
@@ -165,7 +148,7 @@ mod tests {
             &[],
         ];
         for row in rows {
-            let max = row_max(row);
+            let max = quant::row_max(row);
             let mut want = row.to_vec();
             let mut want_sum = 0.0f64;
             for w in want.iter_mut() {
@@ -184,12 +167,50 @@ mod tests {
         }
     }
 
+    /// The 16-entry scan finds what `position` finds, for every start inside a step.
+    #[test]
+    fn masked_scan_matches_position() {
+        let inf = f32::INFINITY;
+        let row: Vec<f32> = (0..90)
+            .map(|i| {
+                if (i / 7) % 3 == 0 || i == 50 {
+                    1.0
+                } else {
+                    -inf
+                }
+            })
+            .collect();
+        for start in 0..row.len() {
+            let w = &row[start..];
+            for masked in [false, true] {
+                let want = w
+                    .iter()
+                    .position(|&v| (v == -inf) == masked)
+                    .unwrap_or(w.len());
+                assert_eq!(
+                    quant::first_where_masked(w, masked),
+                    want,
+                    "{start} {masked}"
+                );
+            }
+        }
+    }
+
     /// The lane maximum is the in-order scan's value (zeros compare equal whatever their
     /// sign), and its bits where a NaN forces the scan.
     #[test]
     fn row_max_matches_the_ordered_scan() {
         let inf = f32::INFINITY;
-        let rows: [&[f32]; 7] = [
+        let mut late_nan: Vec<f32> = (0..100).map(|i| (i as f32 * 0.7).sin()).collect();
+        late_nan[37] = f32::NAN;
+        let mut long_nan_tail = late_nan.clone();
+        long_nan_tail[37] = 0.5;
+        long_nan_tail[98] = f32::NAN;
+        let ramp: Vec<f32> = (0..77).map(|i| (i as f32 - 40.0).abs() * -0.5).collect();
+        let rows: [&[f32]; 10] = [
+            &late_nan,
+            &long_nan_tail,
+            &ramp,
             &[],
             &[-inf; 13],
             &[
@@ -204,7 +225,7 @@ mod tests {
         ];
         for w in rows {
             let scan = w.iter().fold(f32::NEG_INFINITY, |m, &v| c_max(m, v));
-            let got = row_max(w);
+            let got = quant::row_max(w);
             if w.iter().any(|v| v.is_nan()) {
                 assert_eq!(got.to_bits(), scan.to_bits(), "{w:?}");
             } else {

@@ -32,8 +32,8 @@
 //! quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS), `fp4.rs` (MXFP4, NVFP4),
 //! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S),
 //! `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight portable code only; the
-//! grid formats' tables are generated into `iq_grids.rs`),
-//! `simd.rs` (dispatch and AVX2), `tests.rs`.
+//! grid formats' tables are generated into `iq_grids.rs`), `scan.rs` (SOFT_MAX's row
+//! maximum and masked runs), `simd.rs` (dispatch and AVX2), `tests.rs`.
 
 mod float;
 mod fp4;
@@ -49,6 +49,7 @@ mod q1_q2;
 mod q4;
 mod q5;
 mod q8;
+mod scan;
 // The one module allowed `unsafe`: runtime-detected AVX2 code (see its docs).
 #[allow(unsafe_code)]
 mod simd;
@@ -71,6 +72,18 @@ use proto_core::{Error, Result};
 /// than it saved, measured).
 pub fn exp_in_place(v: &mut [f32]) {
     simd::exp_in_place(v);
+}
+
+/// The maximum of `w` as ggml's in-order `MAX` scan finds it (same bits, NaNs included),
+/// vectorized where the row has no NaN.
+pub fn row_max(w: &[f32]) -> f32 {
+    simd::row_max(w)
+}
+
+/// The index of the first entry of `w` that is -inf (`masked`) or is not (`!masked`), else
+/// `w.len()`: SOFT_MAX's masked runs, sixteen entries per step.
+pub fn first_where_masked(w: &[f32], masked: bool) -> usize {
+    simd::first_where_masked(w, masked)
 }
 
 /// ggml type ids of the formats handled here (`enum ggml_type`).

@@ -46,7 +46,7 @@
 //! loads and stores and the inline assembly's loads, each inside the arrays it is given.
 
 use super::tiles::{self, Q8Row, StridedRows, Q0};
-use super::{float, k_quants, q4, q5, q8};
+use super::{float, k_quants, q4, q5, q8, scan};
 
 /// Whether the AVX2 paths are taken on this machine.
 #[cfg(test)]
@@ -355,6 +355,36 @@ pub(super) fn has_avx512_vnni() -> bool {
     {
         false
     }
+}
+
+/// `scan::row_max`: the AVX2 lane maximum and NaN test where the CPU has AVX2+FMA+F16C (the
+/// same value; a row with a NaN goes back to the in-order scan), the portable code otherwise.
+pub(super) fn row_max(w: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
+            // only inside the slice.
+            if let Some(max) = unsafe { x86::row_max_no_nan(w) } {
+                return max;
+            }
+        }
+    }
+    scan::row_max(w)
+}
+
+/// `scan::first_where_masked`: sixteen compares and two move-masks per step where the CPU
+/// has AVX2+FMA+F16C, the portable code otherwise (the same index).
+pub(super) fn first_where_masked(w: &[f32], masked: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
+            // only inside the slice.
+            return unsafe { x86::first_where_masked(w, masked) };
+        }
+    }
+    scan::first_where_masked(w, masked)
 }
 
 /// `v[i] = v[i].exp()` for every element, with the bits of `f32::exp` (the platform's
@@ -802,6 +832,74 @@ mod x86 {
                 _mm256_add_ps(a[1], a[3]),
             ))
         })
+    }
+
+    /// The largest entry of `w` by C's `MAX` (`_mm256_max_ps(m, v)` is `m > v ? m : v`), in
+    /// sixteen lanes, or `None` when `w` holds a NaN (whose effect depends on the order).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_max_no_nan(w: &[f32]) -> Option<f32> {
+        let (chunks, tail) = w.as_chunks::<16>();
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut nan = _mm256_setzero_ps();
+        for chunk in chunks {
+            for (h, m) in max.iter_mut().enumerate() {
+                // SAFETY: eight floats of the chunk.
+                let v = unsafe { _mm256_loadu_ps(chunk[8 * h..].as_ptr()) };
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                *m = _mm256_max_ps(*m, v);
+            }
+        }
+        if _mm256_movemask_ps(nan) != 0 || tail.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: sixteen floats of `lanes`.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), max[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), max[1]);
+        }
+        let c_max = |a: f32, b: f32| if a > b { a } else { b };
+        let max = lanes.into_iter().fold(f32::NEG_INFINITY, c_max);
+        Some(tail.iter().fold(max, |m, &v| c_max(m, v)))
+    }
+
+    /// `scan::first_where_masked`: per sixteen entries, two compares with -inf and their
+    /// move-masks.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn first_where_masked(w: &[f32], masked: bool) -> usize {
+        let (chunks, tail) = w.as_chunks::<16>();
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        for (n, chunk) in chunks.iter().enumerate() {
+            // SAFETY: sixteen floats of the chunk.
+            let (lo, hi) = unsafe {
+                (
+                    _mm256_loadu_ps(chunk.as_ptr()),
+                    _mm256_loadu_ps(chunk[8..].as_ptr()),
+                )
+            };
+            let lo = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(lo, neg_inf)) as u32;
+            let hi = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(hi, neg_inf)) as u32;
+            let is_masked = lo | (hi << 8);
+            let hits = if masked {
+                is_masked
+            } else {
+                !is_masked & 0xffff
+            };
+            if hits != 0 {
+                return n * 16 + hits.trailing_zeros() as usize;
+            }
+        }
+        chunks.len() * 16
+            + tail
+                .iter()
+                .position(|&v| (v == f32::NEG_INFINITY) == masked)
+                .unwrap_or(tail.len())
     }
 
     /// `q8::quantize_q8_0` with AVX2: per block the largest `|x|` over the four vectors with
