@@ -25,13 +25,15 @@
 //!   order ggml's run, and the softmax is online per tile of keys, as in ggml.
 
 use proto_core::ggml::types::id as ty;
+use std::sync::OnceLock;
+
 use proto_core::Result;
 
 use crate::compute::memory::Dst;
 use crate::compute::quant;
-use crate::compute::view::SrcView;
+use crate::compute::view::{internal, SrcView};
 
-use super::{widen_all, Node};
+use super::Node;
 
 #[allow(unsafe_code)]
 mod gemm;
@@ -41,7 +43,7 @@ mod tiled;
 /// Queries from which ggml-cpu takes its tiled path (`GGML_FA_TILE_Q`).
 const GGML_TILE_QUERIES: usize = 64;
 
-/// Most f32 values that K and V may be widened to up front (256 MiB).
+/// Most f32 values that K and V may be widened to (256 MiB), block by block as tiles read them.
 const WIDEN_LIMIT: usize = 64 << 20;
 
 /// One FLASH_ATTN_EXT node's inputs and parameters.
@@ -61,33 +63,62 @@ struct Attention<'a> {
     rv: [usize; 2],
 }
 
+/// Flat K/V rows per block of [`KvRows::Widened`] (one tile of keys).
+const WIDEN_BLOCK: usize = 64;
+
 /// K or V rows as f32: widened once for the node when each row is read by many queries,
 /// converted at each use otherwise (a cache too large to copy).
 enum KvRows<'a> {
-    Widened { values: Vec<f32>, view: SrcView<'a> },
+    /// Widened at first use, [`WIDEN_BLOCK`] flat rows at a time, each block once for the node
+    /// (by whichever thread needs it first): the tiles that every query masks (a KV cache's
+    /// unused cells) are never read, so their rows are never converted.
+    Widened {
+        blocks: Vec<OnceLock<Vec<f32>>>,
+        view: SrcView<'a>,
+    },
     Direct(SrcView<'a>),
 }
 
 impl<'a> KvRows<'a> {
-    /// `view`'s rows, widened to f32 up front unless `widen` is false.
-    fn new(node: &Node<'_>, view: SrcView<'a>, widen: bool) -> Result<KvRows<'a>> {
-        Ok(if widen {
+    /// `view`'s rows, widened block by block as they are first read, unless `widen` is false.
+    fn new(view: SrcView<'a>, widen: bool) -> KvRows<'a> {
+        if widen {
+            let blocks = view.layout.rows().div_ceil(WIDEN_BLOCK);
             KvRows::Widened {
-                values: widen_all(node, &view)?,
+                blocks: (0..blocks).map(|_| OnceLock::new()).collect(),
                 view,
             }
         } else {
             KvRows::Direct(view)
-        })
+        }
     }
 
     /// Row `idx`, borrowed from the widened copy or converted into `scratch`.
     fn row<'s>(&'s self, idx: [usize; 3], scratch: &'s mut [f32]) -> Result<&'s [f32]> {
         match self {
-            KvRows::Widened { values, view } => {
+            KvRows::Widened { blocks, view } => {
                 let width = view.layout.ne[0];
-                let start = view.layout.row_number(idx) * width;
-                Ok(&values[start..start + width])
+                let row = view.layout.row_number(idx);
+                let cell = blocks
+                    .get(row / WIDEN_BLOCK)
+                    .ok_or_else(|| internal("FLASH_ATTN_EXT K/V row outside its tensor"))?;
+                let block = match cell.get() {
+                    Some(block) => block,
+                    None => {
+                        let first = row - row % WIDEN_BLOCK;
+                        let rows = WIDEN_BLOCK.min(view.layout.rows() - first);
+                        let mut values = vec![0.0f32; rows * width];
+                        for (n, out) in values.chunks_exact_mut(width.max(1)).enumerate() {
+                            view.load_f32(view.layout.row_index(first + n), out)?;
+                        }
+                        // Another thread may have set it meanwhile: the same values.
+                        cell.get_or_init(|| values)
+                    }
+                };
+                let start = (row % WIDEN_BLOCK) * width;
+                block
+                    .get(start..start + width)
+                    .ok_or_else(|| internal("FLASH_ATTN_EXT K/V row outside its block"))
             }
             KvRows::Direct(view) => {
                 view.load_f32(idx, scratch)?;
@@ -135,7 +166,7 @@ pub(super) fn flash_attn(
     // every query one by one (types without a `vec_dot_type`, strided K rows).
     let uses = q.layout.ne[1] * att.rk[0];
     let widen = uses >= 8 && (k.layout.elements() + v.layout.elements()) <= WIDEN_LIMIT;
-    let k_rows = KvRows::new(node, k, widen)?;
-    let v_rows = KvRows::new(node, v, widen)?;
+    let k_rows = KvRows::new(k, widen);
+    let v_rows = KvRows::new(v, widen);
     tiled::run(&att, &k_rows, &v_rows, node, dst)
 }
