@@ -107,8 +107,6 @@ multiversion! {
     dequantize_q6_k(src: &[u8], dst: &mut [f32]) = k_quants::dequantize_q6_k;
 
     quantize_f32(src: &[f32], dst: &mut [u8]) = float::quantize_f32;
-    quantize_f16(src: &[f32], dst: &mut [u8]) = float::quantize_f16;
-    round_f16(values: &mut [f32]) = float::round_f16;
     quantize_bf16(src: &[f32], dst: &mut [u8]) = float::quantize_bf16;
     quantize_q8_1(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_1;
     quantize_q8_k(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_k;
@@ -355,6 +353,37 @@ pub(super) fn has_avx512_vnni() -> bool {
     {
         false
     }
+}
+
+/// `float::quantize_f16`: F16C's `vcvtps2ph` eight values at a time where the CPU has
+/// AVX2+FMA+F16C (the instruction the `half` crate takes on such a CPU: the same bytes), the
+/// portable code otherwise.
+pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
+            // and writes only inside the slices.
+            unsafe { x86::quantize_f16(src, dst) };
+            return;
+        }
+    }
+    float::quantize_f16(src, dst);
+}
+
+/// `float::round_f16`: F16C there and back, eight values at a time, where the CPU has
+/// AVX2+FMA+F16C (the same bits), the portable code otherwise.
+pub(super) fn round_f16(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
+            // and writes only inside the slice.
+            unsafe { x86::round_f16(values) };
+            return;
+        }
+    }
+    float::round_f16(values);
 }
 
 /// `scan::row_max`: the AVX2 lane maximum and NaN test where the CPU has AVX2+FMA+F16C (the
@@ -832,6 +861,45 @@ mod x86 {
                 _mm256_add_ps(a[1], a[3]),
             ))
         })
+    }
+
+    /// `float::quantize_f16` with F16C: `vcvtps2ph` rounding to nearest even, eight values
+    /// (16 little-endian bytes) per step, the rest through the portable code.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+        let n = src.len().min(dst.len() / 2);
+        let (chunks, _) = src[..n].as_chunks::<8>();
+        let (out, _) = dst[..2 * n].as_chunks_mut::<16>();
+        for (c, o) in chunks.iter().zip(out) {
+            // SAFETY: eight floats in, sixteen bytes out.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
+                _mm_storeu_si128(o.as_mut_ptr().cast(), h);
+            }
+        }
+        let done = chunks.len() * 8;
+        super::super::float::quantize_f16(&src[done..n], &mut dst[2 * done..2 * n]);
+    }
+
+    /// `float::round_f16` with F16C: `vcvtps2ph` (nearest even) and `vcvtph2ps` eight values
+    /// per step, the rest through the portable code.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn round_f16(values: &mut [f32]) {
+        let (chunks, tail) = values.as_chunks_mut::<8>();
+        for c in chunks {
+            // SAFETY: eight floats in and out.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
+                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        super::super::float::round_f16(tail);
     }
 
     /// The largest entry of `w` by C's `MAX` (`_mm256_max_ps(m, v)` is `m > v ? m : v`), in
