@@ -24,9 +24,9 @@
 //!   scores and the value sums are small matrix products (module `gemm`) whose sums run in the
 //!   order ggml's run, and the softmax is online per tile of keys, as in ggml.
 
-use proto_core::ggml::types::id as ty;
 use std::sync::OnceLock;
 
+use proto_core::ggml::types::id as ty;
 use proto_core::Result;
 
 use crate::compute::memory::Dst;
