@@ -1,10 +1,11 @@
-//! Row scans of SOFT_MAX: the maximum of a row and the runs of masked (-inf) entries. The
-//! portable versions; module `simd` has AVX2 ones with the same results.
+//! Row scans of SOFT_MAX: the maximum of a row and the runs of masked (-inf) entries. These
+//! are the portable versions, shaped like the AVX2 ones in module `simd` (sixteen lanes), which
+//! give the same results.
 
 /// C's `MAX(a, b)` (`a > b ? a : b`), as ggml's `ggml_vec_max_f32` takes it (a NaN `b` wins,
 /// a NaN `a` loses).
 #[inline(always)]
-fn c_max(a: f32, b: f32) -> f32 {
+pub(super) fn c_max(a: f32, b: f32) -> f32 {
     if a > b {
         a
     } else {
@@ -17,9 +18,9 @@ fn c_max(a: f32, b: f32) -> f32 {
 const SCAN_LANES: usize = 16;
 
 /// The index of the first entry of `w` that is -inf (`masked`) or is not (`!masked`), else
-/// `w.len()`. [`SCAN_LANES`] entries per step as one bit mask (a vector compare), where
-/// `position` would test one entry per step: most of a row is masked (the KV cache's unused
-/// cells, the causal mask).
+/// `w.len()`. [`SCAN_LANES`] entries per step as one bit mask (in `simd`, two vector compares
+/// and move-masks), where `position` would test one entry per step: most of a row is masked
+/// (the KV cache's unused cells, the causal mask).
 pub(super) fn first_where_masked(w: &[f32], masked: bool) -> usize {
     let (chunks, tail) = w.as_chunks::<SCAN_LANES>();
     for (n, chunk) in chunks.iter().enumerate() {
@@ -41,9 +42,9 @@ pub(super) fn first_where_masked(w: &[f32], masked: bool) -> usize {
 /// `fold(-inf, c_max)` over `w` in order, as ggml's `ggml_vec_max_f32` scans. Without NaNs
 /// the result is the largest value whatever the order (up to the sign of a zero maximum,
 /// which no later step can tell: `x - 0` and `x + 0` are equal for every `x` but zeros, and
-/// `exp(±0)` is 1), so it is taken in [`SCAN_LANES`] lanes, which vectorize, with the NaN
-/// test in the same pass; a row with a NaN is scanned again in order, where a NaN is kept
-/// only when nothing after it compares.
+/// `exp(±0)` is 1), so it is taken in [`SCAN_LANES`] lanes (in `simd`, two vectors), with
+/// the NaN test in the same pass; a row with a NaN is scanned again in order, where a NaN is
+/// kept only when nothing after it compares.
 pub(super) fn row_max(w: &[f32]) -> f32 {
     let (chunks, tail) = w.as_chunks::<SCAN_LANES>();
     let mut lanes = [f32::NEG_INFINITY; SCAN_LANES];

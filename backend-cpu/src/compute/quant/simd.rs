@@ -929,7 +929,7 @@ mod x86 {
             _mm256_storeu_ps(lanes.as_mut_ptr(), max[0]);
             _mm256_storeu_ps(lanes.as_mut_ptr().add(8), max[1]);
         }
-        let c_max = |a: f32, b: f32| if a > b { a } else { b };
+        let c_max = super::super::scan::c_max;
         let max = lanes.into_iter().fold(f32::NEG_INFINITY, c_max);
         Some(tail.iter().fold(max, |m, &v| c_max(m, v)))
     }
