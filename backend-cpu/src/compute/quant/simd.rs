@@ -117,63 +117,61 @@ multiversion! {
     vec_dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q3_k_q8_k;
 }
 
-/// `q8::quantize_q8_0` (ggml-cpu's AVX `quantize_row_q8_0`): hand-written AVX2 where the CPU
-/// has AVX2+FMA+F16C (the same maxima, scale, rounding and clamping: the same bytes), the
-/// portable code otherwise.
-#[inline]
-pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
-            // and writes only inside the slices.
-            unsafe { x86::quantize_q8_0(src, dst) };
-            return;
-        }
-    }
-    q8::quantize_q8_0(src, dst);
-}
-
-/// Defines `pub(super) fn $name(x, y) -> f32` that runs the hand-written AVX2 `$avx2` when the
-/// CPU has AVX2+FMA+F16C, the portable `$portable` otherwise.
+/// Defines `pub(super) fn $name(args) -> ret` that runs the hand-written AVX2 `$avx2` when
+/// the CPU has AVX2+FMA+F16C, the portable `$portable` otherwise (both give the same results).
 macro_rules! avx2_or_portable {
-    ($($(#[$doc:meta])* $name:ident => $avx2:path, $portable:path;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $avx2:path, $portable:path;)*) => {$(
         $(#[$doc])*
         #[inline]
-        pub(super) fn $name(x: &[u8], y: &[u8]) -> f32 {
+        pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 if x86::has_avx2() {
                     // SAFETY: `has_avx2` checked at run time that this CPU supports AVX2, FMA
                     // and F16C, the features the kernel is compiled for; the kernel itself
-                    // only reads inside the slices it is given.
-                    return unsafe { $avx2(x, y) };
+                    // only reads and writes inside the slices it is given.
+                    return unsafe { $avx2($($arg),*) };
                 }
             }
-            $portable(x, y)
+            $portable($($arg),*)
         }
     )*};
 }
 
 avx2_or_portable! {
     /// F16 x F16 (`x`, `y` of equal length).
-    vec_dot_f16 => x86::vec_dot_f16, float::vec_dot_f16;
+    vec_dot_f16(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_f16, float::vec_dot_f16;
     /// Q4_1 x Q8_1 over whole blocks.
-    vec_dot_q4_1_q8_1 => x86::vec_dot_q4_1_q8_1, q4::vec_dot_q4_1_q8_1;
+    vec_dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_q4_1_q8_1, q4::vec_dot_q4_1_q8_1;
     /// Q5_0 x Q8_0 over whole blocks.
-    vec_dot_q5_0_q8_0 => x86::vec_dot_q5_0_q8_0, q5::vec_dot_q5_0_q8_0;
+    vec_dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_q5_0_q8_0, q5::vec_dot_q5_0_q8_0;
     /// Q5_1 x Q8_1 over whole blocks.
-    vec_dot_q5_1_q8_1 => x86::vec_dot_q5_1_q8_1, q5::vec_dot_q5_1_q8_1;
+    vec_dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_q5_1_q8_1, q5::vec_dot_q5_1_q8_1;
     /// Q4_0 x Q8_0 over whole blocks (`x`, `y` exact multiples of the block sizes).
-    vec_dot_q4_0_q8_0 => x86::vec_dot_q4_0_q8_0, q4::vec_dot_q4_0_q8_0;
+    vec_dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_q4_0_q8_0, q4::vec_dot_q4_0_q8_0;
     /// Q8_0 x Q8_0 over whole blocks.
-    vec_dot_q8_0_q8_0 => x86::vec_dot_q8_0_q8_0, q8::vec_dot_q8_0_q8_0;
+    vec_dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 => x86::vec_dot_q8_0_q8_0, q8::vec_dot_q8_0_q8_0;
     /// Q4_K x Q8_K over whole super-blocks.
-    vec_dot_q4_k_q8_k => x86::vec_dot_q4_k_q8_k, k_quants::vec_dot_q4_k_q8_k;
+    vec_dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32
+        => x86::vec_dot_q4_k_q8_k, k_quants::vec_dot_q4_k_q8_k;
     /// Q5_K x Q8_K over whole super-blocks.
-    vec_dot_q5_k_q8_k => x86::vec_dot_q5_k_q8_k, k_quants::vec_dot_q5_k_q8_k;
+    vec_dot_q5_k_q8_k(x: &[u8], y: &[u8]) -> f32
+        => x86::vec_dot_q5_k_q8_k, k_quants::vec_dot_q5_k_q8_k;
     /// Q6_K x Q8_K over whole super-blocks.
-    vec_dot_q6_k_q8_k => x86::vec_dot_q6_k_q8_k, k_quants::vec_dot_q6_k_q8_k;
+    vec_dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32
+        => x86::vec_dot_q6_k_q8_k, k_quants::vec_dot_q6_k_q8_k;
+    /// `q8::quantize_q8_0` (ggml-cpu's AVX `quantize_row_q8_0`): the same maxima, scale,
+    /// rounding and clamping, the same bytes.
+    quantize_q8_0(src: &[f32], dst: &mut [u8]) => x86::quantize_q8_0, q8::quantize_q8_0;
+    /// `float::quantize_f16` through F16C's `vcvtps2ph` eight values at a time (the
+    /// instruction the `half` crate takes on such a CPU: the same bytes).
+    quantize_f16(src: &[f32], dst: &mut [u8]) => x86::quantize_f16, float::quantize_f16;
+    /// `float::round_f16`: F16C there and back, eight values at a time (the same bits).
+    round_f16(values: &mut [f32]) => x86::round_f16, float::round_f16;
+    /// `scan::first_where_masked`: sixteen compares and two move-masks per step (the same
+    /// index).
+    first_where_masked(w: &[f32], masked: bool) -> usize
+        => x86::first_where_masked, scan::first_where_masked;
 }
 
 /// [`tiles::dot_tile`] after its length checks: where the CPU has AVX-512 VNNI the one-row
@@ -355,37 +353,6 @@ pub(super) fn has_avx512_vnni() -> bool {
     }
 }
 
-/// `float::quantize_f16`: F16C's `vcvtps2ph` eight values at a time where the CPU has
-/// AVX2+FMA+F16C (the instruction the `half` crate takes on such a CPU: the same bytes), the
-/// portable code otherwise.
-pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
-            // and writes only inside the slices.
-            unsafe { x86::quantize_f16(src, dst) };
-            return;
-        }
-    }
-    float::quantize_f16(src, dst);
-}
-
-/// `float::round_f16`: F16C there and back, eight values at a time, where the CPU has
-/// AVX2+FMA+F16C (the same bits), the portable code otherwise.
-pub(super) fn round_f16(values: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
-            // and writes only inside the slice.
-            unsafe { x86::round_f16(values) };
-            return;
-        }
-    }
-    float::round_f16(values);
-}
-
 /// `scan::row_max`: the AVX2 lane maximum and NaN test where the CPU has AVX2+FMA+F16C (the
 /// same value; a row with a NaN goes back to the in-order scan), the portable code otherwise.
 pub(super) fn row_max(w: &[f32]) -> f32 {
@@ -400,20 +367,6 @@ pub(super) fn row_max(w: &[f32]) -> f32 {
         }
     }
     scan::row_max(w)
-}
-
-/// `scan::first_where_masked`: sixteen compares and two move-masks per step where the CPU
-/// has AVX2+FMA+F16C, the portable code otherwise (the same index).
-pub(super) fn first_where_masked(w: &[f32], masked: bool) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            // SAFETY: `has_avx2` checked AVX2, FMA and F16C, the kernel's features; it reads
-            // only inside the slice.
-            return unsafe { x86::first_where_masked(w, masked) };
-        }
-    }
-    scan::first_where_masked(w, masked)
 }
 
 /// `v[i] = v[i].exp()` for every element, with the bits of `f32::exp` (the platform's
