@@ -21,7 +21,8 @@
 //! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
 //! Knobs: `BENCH_SHELLS` (comma-separated, default: all of this build), `BENCH_SECONDS` (length
 //! of each rate measurement, default 2), `BENCH_REPEAT` (runs of each 256 MiB transfer, default
-//! 3; the 16-client transfer takes the best of as many), `BENCH_ROUNDS` (rounds over all the
+//! 5: one takes 50-80 ms, and single runs of one server spread 2-5.7 GB/s with the machine's
+//! load; the 16-client transfer takes the best of as many), `BENCH_ROUNDS` (rounds over all the
 //! servers, interleaved, default 1; the table gives medians and ranges), `BENCH_LOAD_THREADS` (generator
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
@@ -60,7 +61,7 @@ struct Row {
 
 fn main() {
     let seconds: f64 = env_or("BENCH_SECONDS", 2.0);
-    let repeat: usize = env_or("BENCH_REPEAT", 3);
+    let repeat: usize = env_or("BENCH_REPEAT", 5);
     let rounds_wanted: usize = env_or("BENCH_ROUNDS", 1);
     let shells: Vec<String> = std::env::var("BENCH_SHELLS")
         .unwrap_or_else(|_| "tokio,uring,smol".into())

@@ -8,7 +8,7 @@
 //! * L2_NORM: `sum(x*x)` in f64, `y = x / max(sqrt(sum), eps)` in f32.
 //!
 //! The f64 sums run in eight interleaved partial sums ([`sum_f64`]), where ggml adds in order:
-//! the same f32 results.
+//! the same f32 results but for the rare case described there.
 
 use proto_core::Result;
 
@@ -82,9 +82,10 @@ fn sum_squares(x: &[f32]) -> f64 {
 /// The f64 sum of `term(v)` over `x` in eight running sums (element `i` into sum `i % 8`)
 /// instead of ggml's one: the adds overlap (and vectorize) instead of waiting on each other,
 /// about a quarter of the time on a 256-value row. The terms here are f32 values widened, 24
-/// significant bits each, so the f64 sums are exact, in any order, unless the terms span more
-/// than about 2^20 in magnitude; then the result may differ from the in-order sum in its last
-/// f64 bits, far below the f32 it is rounded to.
+/// significant bits each, so for `n` terms the f64 sums are exact, in any order, while the
+/// terms span less than 2^(29 - log2 n) in magnitude (2^21 for 256 terms); beyond that the
+/// result may differ from the in-order sum in its last f64 bits, which the rounding to f32
+/// almost always absorbs.
 fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut sums = [0f64; 8];
     let (chunks, rest) = x.as_chunks::<8>();
