@@ -646,12 +646,7 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
             }
             let (outn, _) = scratch.group[..N * width].as_chunks_mut::<N>();
             kernel.run(rows, &y, outn)?;
-            // one destination row at a time: sequential writes, no index checks
-            for (j, row) in scratch.out.chunks_exact_mut(width).take(N).enumerate() {
-                for (d, o) in row.iter_mut().zip(outn.iter()) {
-                    *d = o[j];
-                }
-            }
+            quant::columns_to_rows(outn, &mut scratch.out);
             N
         } else {
             let (out1, _) = scratch.group[..width].as_chunks_mut::<1>();

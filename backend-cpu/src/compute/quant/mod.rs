@@ -60,8 +60,8 @@ mod tests;
 mod tiles;
 
 pub use tiles::{
-    dot_f16_x2, dot_float_rows, dot_float_rows_fast, dot_q4_k_rows, dot_q4_k_rows_wide, dot_rows,
-    dot_rows_wide, FloatRows, Q8Row, Q8Rows, StridedRows, Q0,
+    columns_to_rows, dot_f16_x2, dot_float_rows, dot_float_rows_fast, dot_q4_k_rows,
+    dot_q4_k_rows_wide, dot_rows, dot_rows_wide, FloatRows, Q8Row, Q8Rows, StridedRows, Q0,
 };
 
 use proto_core::{Error, Result};

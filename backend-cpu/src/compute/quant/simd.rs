@@ -26,7 +26,9 @@
 //! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
 //! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
 //! FMA). With one activation row (generation: the output projection streams several MB of
-//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead. The Q4_K
+//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead (F32:
+//! one row, 8 KiB). Its results (per weight row, one per activation row) become destination
+//! rows through `vpermt2ps`, sixteen weight rows at a time (`columns_to_rows3_zmm`). The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
 //! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`. With AVX-512 VNNI it takes
@@ -500,6 +502,20 @@ pub(super) fn dot_float_rows<const RN: usize>(
             *o = kind.portable(w.row(n), y);
         }
     }
+}
+
+/// The leading weight rows of [`tiles::columns_to_rows`] that a vector kernel moved (a
+/// multiple of 16; 0 where none applies: the caller moves the rest).
+pub(super) fn columns_to_rows<const N: usize>(group: &[[f32; N]], out: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if N == 3 && out.len() == N * group.len() && x86::has_avx512f() {
+            // SAFETY: `has_avx512f` checked AVX-512 F; `N` is 3 and `out` holds the three rows.
+            return unsafe { x86::columns_to_rows3_zmm(group.as_flattened(), out) };
+        }
+    }
+    let _ = (group, out);
+    0
 }
 
 /// [`tiles::dot_q4_k_rows`] after its checks: the AVX2 kernel where the CPU has AVX2, else
@@ -1825,6 +1841,66 @@ mod x86 {
             _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(h)),
         );
         hsum8(v8)
+    }
+
+    /// Lane `i` of destination row `j` (of three) takes entry `3 i + j` of 48 results: from the
+    /// first two vectors (`vpermt2ps` indices, 0..32) or from the third (`- 32`, under the mask).
+    const fn columns_to_rows3_indices() -> ([[i32; 16]; 3], [[i32; 16]; 3], [u16; 3]) {
+        let mut low = [[0i32; 16]; 3];
+        let mut high = [[0i32; 16]; 3];
+        let mut mask = [0u16; 3];
+        let mut j = 0;
+        while j < 3 {
+            let mut i = 0;
+            while i < 16 {
+                let k = 3 * i + j;
+                if k < 32 {
+                    low[j][i] = k as i32;
+                } else {
+                    high[j][i] = (k - 32) as i32;
+                    mask[j] |= 1 << i;
+                }
+                i += 1;
+            }
+            j += 1;
+        }
+        (low, high, mask)
+    }
+
+    const COLUMNS_TO_ROWS3: ([[i32; 16]; 3], [[i32; 16]; 3], [u16; 3]) = columns_to_rows3_indices();
+
+    /// [`tiles::columns_to_rows`] with three activation rows, sixteen weight rows (48 results,
+    /// three vectors) at a time: each destination row's sixteen values with one two-source
+    /// permute and one masked permute. Returns the weight rows moved.
+    ///
+    /// # Safety
+    /// AVX-512 F; `out.len() == group.len()` (three rows of `group.len() / 3` values).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn columns_to_rows3_zmm(group: &[f32], out: &mut [f32]) -> usize {
+        let width = group.len() / 3;
+        let blocks = width / 16;
+        let (low, high, mask) = COLUMNS_TO_ROWS3;
+        let low = low.map(|v| _mm512_loadu_si512(v.as_ptr().cast()));
+        let high = high.map(|v| _mm512_loadu_si512(v.as_ptr().cast()));
+        for b in 0..blocks {
+            let src = group[48 * b..48 * b + 48].as_ptr();
+            // SAFETY: 48 values from `src` lie in the block just sliced.
+            let (a, c, e) = unsafe {
+                (
+                    _mm512_loadu_ps(src),
+                    _mm512_loadu_ps(src.add(16)),
+                    _mm512_loadu_ps(src.add(32)),
+                )
+            };
+            for j in 0..3 {
+                let row = _mm512_permutex2var_ps(a, low[j], c);
+                let row = _mm512_mask_permutexvar_ps(row, mask[j], high[j], e);
+                let dst = out[j * width + 16 * b..j * width + 16 * b + 16].as_mut_ptr();
+                // SAFETY: the 16 values at `dst` lie in the slice just taken.
+                unsafe { _mm512_storeu_ps(dst, row) };
+            }
+        }
+        16 * blocks
     }
 
     /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).

@@ -2117,3 +2117,33 @@ fn exp_in_place_matches_f32_exp_everywhere() {
         }
     }
 }
+
+/// `columns_to_rows` against the transposition done one value at a time, for every group size
+/// the kernels use and widths around the 16-row vector blocks.
+#[test]
+fn columns_to_rows_transposes_the_kernel_results() {
+    fn check<const N: usize>() {
+        for width in [0, 1, 5, 15, 16, 17, 31, 32, 33, 48, 63, 64, 100, 256, 257] {
+            let group: Vec<[f32; N]> = (0..width)
+                .map(|i| std::array::from_fn(|j| (i * 1000 + j) as f32 + 0.5))
+                .collect();
+            // a longer scratch: only the first N * width values are the rows
+            let mut out = vec![-1.0f32; N * width + 7];
+            columns_to_rows(&group, &mut out);
+            for j in 0..N {
+                for (i, g) in group.iter().enumerate() {
+                    assert_eq!(
+                        out[j * width + i],
+                        g[j],
+                        "N {N}, width {width}, row {j}, {i}"
+                    );
+                }
+            }
+            assert!(out[N * width..].iter().all(|&v| v == -1.0));
+        }
+    }
+    check::<1>();
+    check::<3>();
+    check::<4>();
+    check::<16>();
+}

@@ -355,6 +355,24 @@ pub fn dot_float_rows<const RN: usize>(
     Ok(())
 }
 
+/// The row kernels' results as destination rows: `out[j * width + i] = group[i][j]` for
+/// `width = group.len()` and `j < N` (`out` holds `N * width` values). With three activation
+/// rows (the float kernels') and AVX-512, sixteen weight rows' results at a time are permuted
+/// in registers instead of gathered one value at a time (2-3 % of F32 prompt processing).
+///
+/// # Panics
+/// If `out` is shorter than `N * width`.
+pub fn columns_to_rows<const N: usize>(group: &[[f32; N]], out: &mut [f32]) {
+    let width = group.len();
+    let out = &mut out[..N * width];
+    let done = super::simd::columns_to_rows(group, out);
+    for (j, row) in out.chunks_exact_mut(width.max(1)).enumerate() {
+        for (d, o) in row[done..].iter_mut().zip(&group[done..]) {
+            *d = o[j];
+        }
+    }
+}
+
 /// Whether [`dot_float_rows`] has a register-blocked kernel on this CPU for rows of `n`
 /// elements (else it computes one product at a time, no faster than [`dot_f16_x2`]).
 pub fn dot_float_rows_fast(n: usize) -> bool {
