@@ -651,9 +651,7 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
         } else {
             let (out1, _) = scratch.group[..width].as_chunks_mut::<1>();
             kernel.run(rows, &[activation(r)?], out1)?;
-            for (o, v) in scratch.out.iter_mut().zip(out1.iter()) {
-                *o = v[0];
-            }
+            quant::columns_to_rows(out1, &mut scratch.out);
             1
         };
         for j in 0..n {

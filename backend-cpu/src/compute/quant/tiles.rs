@@ -358,7 +358,7 @@ pub fn dot_float_rows<const RN: usize>(
 /// The row kernels' results as destination rows: `out[j * width + i] = group[i][j]` for
 /// `width = group.len()` and `j < N` (`out` holds `N * width` values). With three activation
 /// rows (the float kernels') and AVX-512, sixteen weight rows' results at a time are permuted
-/// in registers instead of gathered one value at a time (2-3 % of F32 prompt processing).
+/// in registers (the gather of one value at a time took 2-3 % of F32 prompt processing).
 ///
 /// # Panics
 /// If `out` is shorter than `N * width`.
