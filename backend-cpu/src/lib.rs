@@ -39,6 +39,7 @@ use proto_core::wire::RpcTensor;
 use proto_core::{Error, Result};
 
 use buffers::BufferPool;
+pub use buffers::PagePolicy;
 
 /// What GET_DEVICE_MEMORY answers when the host's figures cannot be read (non-Linux systems,
 /// or an unreadable `/proc/meminfo`): zero free of zero total, i.e. "unknown".
@@ -50,6 +51,8 @@ pub struct CpuConfig {
     /// Threads for graph compute (`-t N`), the calling thread included; 0 is taken as 1
     /// because a compute pool needs at least one thread.
     pub threads: usize,
+    /// The pages behind large buffers: transparent huge pages by default.
+    pub pages: PagePolicy,
 }
 
 impl Default for CpuConfig {
@@ -58,6 +61,7 @@ impl Default for CpuConfig {
         let hardware = std::thread::available_parallelism().map_or(1, |n| n.get());
         CpuConfig {
             threads: (hardware / 2).max(1),
+            pages: PagePolicy::default(),
         }
     }
 }
@@ -90,7 +94,7 @@ impl CpuBackend {
         CpuBackend {
             threads,
             pool: compute::Pool::new(threads),
-            buffers: BufferPool::default(),
+            buffers: BufferPool::new(config.pages),
         }
     }
 

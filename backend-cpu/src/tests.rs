@@ -11,7 +11,10 @@ use proto_core::ErrorKind;
 use super::*;
 
 fn backend() -> CpuBackend {
-    CpuBackend::new(CpuConfig { threads: 2 })
+    CpuBackend::new(CpuConfig {
+        threads: 2,
+        ..CpuConfig::default()
+    })
 }
 
 fn at(buffer: BufferId, offset: u64) -> TensorLocation {
@@ -45,8 +48,22 @@ fn answers_device_queries_like_ggml_cpu() {
 
 #[test]
 fn threads_are_stored_and_never_zero() {
-    assert_eq!(CpuBackend::new(CpuConfig { threads: 7 }).threads(), 7);
-    assert_eq!(CpuBackend::new(CpuConfig { threads: 0 }).threads(), 1);
+    assert_eq!(
+        CpuBackend::new(CpuConfig {
+            threads: 7,
+            ..CpuConfig::default()
+        })
+        .threads(),
+        7
+    );
+    assert_eq!(
+        CpuBackend::new(CpuConfig {
+            threads: 0,
+            ..CpuConfig::default()
+        })
+        .threads(),
+        1
+    );
     assert!(CpuConfig::default().threads >= 1);
 }
 

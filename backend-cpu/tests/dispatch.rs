@@ -17,7 +17,10 @@ use proto_core::wire::{
 use proto_core::{Error, ErrorKind, Result};
 
 fn cpu() -> Arc<CpuBackend> {
-    Arc::new(CpuBackend::new(CpuConfig { threads: 1 }))
+    Arc::new(CpuBackend::new(CpuConfig {
+        threads: 1,
+        ..CpuConfig::default()
+    }))
 }
 
 fn connect(backend: &Arc<CpuBackend>, version: ProtocolVersion) -> Dispatcher<CpuBackend> {

@@ -36,7 +36,10 @@ fn one_gib_buffer_is_lazily_committed() {
     // Far below the 1 GiB that an eager allocation would commit, far above test noise.
     const ALLOWED_GROWTH: u64 = 64 << 20;
 
-    let backend = CpuBackend::new(CpuConfig { threads: 1 });
+    let backend = CpuBackend::new(CpuConfig {
+        threads: 1,
+        ..CpuConfig::default()
+    });
     let before = resident_bytes();
     let buffer = backend
         .alloc_buffer(0, GIB)

@@ -51,6 +51,12 @@ pub struct Args {
     #[arg(long, value_name = "BYTES")]
     pub memory_quota: Option<u64>,
 
+    /// Back buffers with the system's base pages only. By default buffers of 2 MiB or more
+    /// are advised onto transparent huge pages (fewer TLB misses when weights stream through
+    /// compute); turn that off where huge-page faults or compaction stalls cost more.
+    #[arg(long)]
+    pub no_huge_pages: bool,
+
     /// Largest buffered request in bytes (GRAPH_COMPUTE and fixed-size commands; tensor data
     /// is streamed and not limited by this).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
@@ -102,6 +108,7 @@ mod tests {
         assert_eq!(args.protocol, 8);
         assert_eq!(args.shell, "tokio");
         assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
+        assert!(!args.no_huge_pages);
     }
 
     #[test]
@@ -123,13 +130,14 @@ mod tests {
             "2",
             "--memory-quota",
             "1048576",
+            "--no-huge-pages",
             "-vv",
         ])
         .unwrap();
         assert_eq!(args.host, Ipv4Addr::UNSPECIFIED);
         assert_eq!((args.port, args.threads, args.protocol), (1234, Some(3), 7));
         assert_eq!(args.device.as_deref(), Some("cpu"));
-        assert!(args.cache);
+        assert!(args.cache && args.no_huge_pages);
         assert_eq!(
             (args.max_clients, args.memory_quota, args.verbose),
             (2, Some(1 << 20), 2)

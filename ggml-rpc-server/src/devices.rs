@@ -60,9 +60,9 @@ pub fn select(list: Option<&str>) -> Result<Vec<&'static str>, String> {
 }
 
 /// Builds the backend for the selected devices (only `CPU` exists in this build).
-pub fn open(selected: &[&str], threads: usize) -> Devices {
+pub fn open(selected: &[&str], config: CpuConfig) -> Devices {
     debug_assert_eq!(selected, [CpuBackend::DEVICE_NAME]);
-    let cpu = CpuBackend::new(CpuConfig { threads });
+    let cpu = CpuBackend::new(config);
     let list = vec![DeviceInfo {
         name: cpu.device_name().to_owned(),
         description: cpu.device_description(),

@@ -59,10 +59,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let threads = args
-        .threads
-        .unwrap_or_else(|| backend_cpu::CpuConfig::default().threads);
-    let devices = devices::open(&selected, threads);
+    let defaults = backend_cpu::CpuConfig::default();
+    let threads = args.threads.unwrap_or(defaults.threads);
+    let pages = if args.no_huge_pages {
+        backend_cpu::PagePolicy::Base
+    } else {
+        backend_cpu::PagePolicy::Huge
+    };
+    let devices = devices::open(&selected, backend_cpu::CpuConfig { threads, pages });
 
     let cache_dir = match (&args.cache_dir, args.cache) {
         (Some(dir), _) => Some(dir.clone()),

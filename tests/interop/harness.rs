@@ -520,6 +520,7 @@ impl OurServer {
         let addr = listener.local_addr().expect("local_addr");
         let backend = Arc::new(backend_cpu::CpuBackend::new(backend_cpu::CpuConfig {
             threads: 2,
+            ..backend_cpu::CpuConfig::default()
         }));
         let mut config = shell_tokio::ServerConfig::new(version);
         if let Some(dir) = cache_dir {
