@@ -67,10 +67,11 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
     let steps = plan::build(graph, &|id| arena.buffer_len(id))?;
     // A panic would be a bug in a kernel; it must not take the connection's thread (or the
     // server) down with it, and the locks are released either way.
+    let mut memo = ops::GraphMemo::default();
     catch_unwind(AssertUnwindSafe(|| {
         steps
             .iter()
-            .try_for_each(|step| ops::execute(step, &mut arena, pool))
+            .try_for_each(|step| ops::execute(step, &mut arena, pool, &mut memo))
     }))
     .unwrap_or_else(|_| Err(Error::Backend("CPU compute engine panicked".into())))
 }

@@ -1902,6 +1902,81 @@ fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
 }
 
 #[test]
+fn rope_tables_are_shared_only_by_nodes_with_the_same_positions_and_parameters() {
+    // One graph: ROPE twice with the same positions and parameters (the second takes the
+    // first's table), once with another base and once with frequency factors (tables of
+    // their own), then ARGMAX overwrites the positions and ROPE runs again with the first
+    // parameters: it must see the new positions, not the kept table.
+    let mut rng = Rng::new(62);
+    let ne = [32, 3, 5, 1];
+    let n_dims = 32;
+    let x = rng.values(ne.iter().product(), 1.0);
+    let pos: Vec<i64> = (0..5).map(|_| rng.below(50) as i64).collect();
+    // ARGMAX of row i: the position of its largest value, here 7 * i % 8
+    let mut scores = vec![0.0f32; 8 * 5];
+    for i in 0..5 {
+        scores[i * 8 + 7 * i % 8] = 1.0;
+    }
+    let new_pos: Vec<i64> = (0..5).map(|i| (7 * i % 8) as i64).collect();
+    assert_ne!(pos, new_pos);
+    let factors: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.05).collect();
+
+    let mut g = G::new();
+    let a = g.input(ty::F32, ne, &x);
+    let p = g.ids(ty::I32, [5, 1, 1, 1], &pos);
+    let ff = g.input(ty::F32, [n_dims / 2, 1, 1, 1], &factors);
+    let s = g.input(ty::F32, [8, 5, 1, 1], &scores);
+    let base_params = rope_params(n_dims, 2, 0);
+    let mut other_base = base_params;
+    other_base[5] = f(500.0);
+    let first = g.node(Op::ROPE, ty::F32, ne, &[a, p], &base_params);
+    let again = g.node(Op::ROPE, ty::F32, ne, &[a, p], &base_params);
+    let other = g.node(Op::ROPE, ty::F32, ne, &[a, p], &other_base);
+    let with_factors = g.node(Op::ROPE, ty::F32, ne, &[a, p, ff], &base_params);
+    g.node_into(Op::ARGMAX, p, &[s], &[]);
+    let moved = g.node(Op::ROPE, ty::F32, ne, &[a, p], &base_params);
+
+    let want = |positions: &[i64], base: f64, factors: Option<&[f32]>| {
+        rope_reference(
+            &x,
+            ne,
+            positions,
+            n_dims,
+            2,
+            base,
+            1.0,
+            0.0,
+            1.0,
+            4096.0,
+            (32.0, 1.0),
+            factors,
+            0,
+        )
+    };
+    for threads in [1, 3] {
+        let out = g.run(threads).unwrap();
+        let check = |node, want: Vec<f64>, what: &str| {
+            assert_close(
+                &g.read(&out, node),
+                &want,
+                1e-9,
+                &format!("{what}, {threads} threads"),
+            );
+        };
+        check(first, want(&pos, 10000.0, None), "first");
+        check(again, want(&pos, 10000.0, None), "same key");
+        check(other, want(&pos, 500.0, None), "other base");
+        check(
+            with_factors,
+            want(&pos, 10000.0, Some(&factors)),
+            "frequency factors",
+        );
+        check(moved, want(&new_pos, 10000.0, None), "positions rewritten");
+        assert_eq!(g.read(&out, first), g.read(&out, again));
+    }
+}
+
+#[test]
 fn soft_max_with_mask_broadcast_alibi_and_sinks() {
     let mut rng = Rng::new(17);
     for round in 0..6 {

@@ -45,8 +45,20 @@ use super::plan::{Kernel, Step};
 use super::pool::Pool;
 use super::view::{encode, internal, Input, Layout, Scalar, SrcView};
 
+/// What the nodes of one graph computation may reuse from earlier nodes of it.
+#[derive(Debug, Default)]
+pub(crate) struct GraphMemo {
+    /// ROPE's `(cos, sin)` tables.
+    rope: rope::RopeTables,
+}
+
 /// Runs one planned node.
-pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result<()> {
+pub(crate) fn execute(
+    step: &Step,
+    arena: &mut Arena<'_>,
+    pool: &Pool,
+    memo: &mut GraphMemo,
+) -> Result<()> {
     let NodeMemory { dst, srcs } = arena.node(&step.dst, &step.srcs)?;
     let inputs = step
         .srcs
@@ -84,7 +96,7 @@ pub(crate) fn execute(step: &Step, arena: &mut Arena<'_>, pool: &Pool) -> Result
         Kernel::TopK => reduce::top_k(&node, dst),
         Kernel::MulMat => mul_mat::mul_mat(&node, dst),
         Kernel::MulMatId => mul_mat::mul_mat_id(&node, dst),
-        Kernel::Rope(params) => rope::rope(&node, dst, params),
+        Kernel::Rope(params) => rope::rope(&node, dst, params, &mut memo.rope),
         Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
         Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
         Kernel::FlashAttn {

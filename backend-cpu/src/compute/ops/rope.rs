@@ -14,6 +14,12 @@
 //! `ggml_rope_set_offset`; 0 by default) in every mode but vision. Multi-section modes take four positions per
 //! token (`pos[i2 + k ne2]`) and pick one per rotated pair by section
 //! (`ggml_mrope_cache_init`).
+//!
+//! ggml builds each token's cache again in every ROPE node. Here the caches of all the
+//! node's tokens form one table, kept for the rest of the graph computation ([`RopeTables`])
+//! under everything it was computed from (the parameters and the position and frequency
+//! factor values): a model's Q and K rotations of every layer share one table, so its
+//! `sin`/`cos` pairs are computed once per graph instead of twice per layer.
 
 use std::f32::consts::PI;
 
@@ -21,9 +27,72 @@ use proto_core::Result;
 
 use crate::compute::memory::Dst;
 use crate::compute::plan::{rope_mode, RopeParams};
-use crate::compute::view::SrcView;
+use crate::compute::view::{internal, SrcView};
 
 use super::{c_max, c_min, map_rows, Node};
+
+/// Tables kept per graph: models alternate at most a few ROPE settings (sliding-window and
+/// global layers, for one), and a graph whose keys all differ recomputes as ggml does.
+const KEPT_TABLES: usize = 4;
+
+/// The `(cos, sin)` tables that the ROPE nodes of one graph computation built, by key.
+#[derive(Debug, Default)]
+pub(crate) struct RopeTables {
+    tables: Vec<(TableKey, Vec<f32>)>,
+}
+
+/// Everything a table's values follow from: the parameters (bit for bit), the cache width,
+/// and the values of the positions and frequency factors the cache reads, as they are when
+/// the node runs (an earlier node of the graph may have written them).
+#[derive(Debug, PartialEq, Eq)]
+struct TableKey {
+    params: [u32; 16],
+    width: usize,
+    positions: Vec<i64>,
+    factors: Option<Vec<u32>>,
+}
+
+impl TableKey {
+    fn new(rope: &Rope<'_>) -> TableKey {
+        let p = &rope.p;
+        let params = [
+            p.n_dims as u32,
+            p.mode as u32,
+            p.n_ctx_orig as u32,
+            p.freq_base.to_bits(),
+            p.freq_scale.to_bits(),
+            p.ext_factor.to_bits(),
+            p.attn_factor.to_bits(),
+            p.beta_fast.to_bits(),
+            p.beta_slow.to_bits(),
+            p.sections[0] as u32,
+            p.sections[1] as u32,
+            p.sections[2] as u32,
+            p.sections[3] as u32,
+            p.n_offs as u32,
+            (p.n_dims >> 32) as u32,
+            (p.n_offs >> 32) as u32,
+        ];
+        let used_positions = if rope.multi_section() {
+            4 * rope.ne2
+        } else {
+            rope.ne2
+        };
+        let factors = rope.factors.as_ref().map(|f| {
+            (0..f.layout.ne[0].min(rope.width / 2))
+                .map(|i| f.value([i, 0, 0, 0]).to_bits())
+                .collect()
+        });
+        TableKey {
+            params,
+            width: rope.width,
+            positions: (0..used_positions)
+                .map(|i| rope.positions.index_at([i, 0, 0, 0]))
+                .collect(),
+            factors,
+        }
+    }
+}
 
 /// `ggml_rope_yarn_corr_dims`: the dimension range over which YaRN blends.
 fn corr_dims(p: &RopeParams) -> [f32; 2] {
@@ -54,12 +123,6 @@ fn rope_yarn(theta_extrap: f32, p: &RopeParams, corr: [f32; 2], i0: usize) -> (f
     (theta.cos() * mscale, theta.sin() * mscale)
 }
 
-/// Per-token cache of `(cos, sin)` pairs, `cache[i0]` and `cache[i0 + 1]`.
-struct Cache {
-    token: Option<usize>,
-    values: Vec<f32>,
-}
-
 struct Rope<'a> {
     p: RopeParams,
     corr: [f32; 2],
@@ -72,6 +135,53 @@ struct Rope<'a> {
 }
 
 impl Rope<'_> {
+    /// Whether the mode takes four positions per token.
+    fn multi_section(&self) -> bool {
+        matches!(
+            self.p.mode,
+            rope_mode::MROPE | rope_mode::VISION | rope_mode::IMROPE
+        )
+    }
+
+    /// Floats per token in the table: the cache's pairs, and two more (zero) as the
+    /// per-token cache always had.
+    fn stride(&self) -> usize {
+        self.width + 2
+    }
+
+    /// The table of this node's tokens, from `tables` or computed (on the threads) and kept
+    /// there.
+    fn table<'t>(&self, node: &Node<'_>, tables: &'t mut RopeTables) -> Result<&'t [f32]> {
+        let key = TableKey::new(self);
+        let found = tables.tables.iter().position(|(k, _)| *k == key);
+        let index = match found {
+            Some(index) => index,
+            None => {
+                let stride = self.stride();
+                // ne2 tokens of `width` values: no more than the node's source holds.
+                let mut values = vec![0.0f32; self.ne2 * stride];
+                let chunk = node.pool.chunk(self.ne2, self.width.saturating_mul(16));
+                let items: Vec<(usize, &mut [f32])> = values
+                    .chunks_mut(chunk.max(1) * stride)
+                    .enumerate()
+                    .map(|(n, tokens)| (n * chunk, tokens))
+                    .collect();
+                node.pool.run(items, &|(first, tokens)| {
+                    for (k, cache) in tokens.chunks_exact_mut(stride).enumerate() {
+                        self.fill(first + k, cache);
+                    }
+                    Ok(())
+                })?;
+                if tables.tables.len() == KEPT_TABLES {
+                    tables.tables.remove(0);
+                }
+                tables.tables.push((key, values));
+                tables.tables.len() - 1
+            }
+        };
+        Ok(&tables.tables[index].1)
+    }
+
     fn factor(&self, i0: usize) -> f32 {
         match &self.factors {
             Some(f) if i0 / 2 < f.layout.ne[0] => f.value([i0 / 2, 0, 0, 0]),
@@ -84,11 +194,7 @@ impl Rope<'_> {
     }
 
     fn fill(&self, i2: usize, cache: &mut [f32]) {
-        let mrope = matches!(
-            self.p.mode,
-            rope_mode::MROPE | rope_mode::VISION | rope_mode::IMROPE
-        );
-        if !mrope {
+        if !self.multi_section() {
             let mut theta = self.position(i2);
             for i0 in (0..self.width).step_by(2) {
                 let (c, s) = rope_yarn(theta / self.factor(i0), &self.p, self.corr, i0);
@@ -173,7 +279,12 @@ impl Rope<'_> {
     }
 }
 
-pub(super) fn rope(node: &Node<'_>, dst: Dst<'_>, p: RopeParams) -> Result<()> {
+pub(super) fn rope(
+    node: &Node<'_>,
+    dst: Dst<'_>,
+    p: RopeParams,
+    tables: &mut RopeTables,
+) -> Result<()> {
     let a = node.input(0)?;
     let positions = node.view(1)?;
     let factors = node.optional_view(2)?;
@@ -192,21 +303,19 @@ pub(super) fn rope(node: &Node<'_>, dst: Dst<'_>, p: RopeParams) -> Result<()> {
         ne2: a.layout().ne[2],
         width,
     };
+    let table = rope.table(node, tables)?;
+    let stride = rope.stride();
     map_rows(
         node,
         dst,
         a,
         4,
-        || Cache {
-            token: None,
-            values: vec![0.0f32; width + 2],
-        },
-        |cache, _, [_, i2, _], x, y| {
-            if cache.token != Some(i2) {
-                rope.fill(i2, &mut cache.values);
-                cache.token = Some(i2);
-            }
-            rope.rotate(&cache.values, x, y);
+        || (),
+        |_, _, [_, i2, _], x, y| {
+            let cache = table
+                .get(i2 * stride..(i2 + 1) * stride)
+                .ok_or_else(|| internal("ROPE row of a token beyond the table"))?;
+            rope.rotate(cache, x, y);
             Ok(())
         },
     )
