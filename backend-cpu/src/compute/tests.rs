@@ -1587,6 +1587,51 @@ fn grid_formats_get_rows_cpy_and_mul_mat() {
 }
 
 #[test]
+fn mul_mat_reads_f32_activation_rows_in_place_or_converts_misaligned_ones() {
+    // F32 weights take the activation rows where they are when every row is aligned f32s;
+    // padded rows (a row stride beyond k) stay in place, rows at an odd byte offset or with
+    // an odd stride are converted first. Every case must give the same sums.
+    let mut rng = Rng::new(63);
+    let (k, m, n) = (64, 21, 7);
+    let w = rng.values(k * m, 1.0);
+    let x = rng.values((k + 1) * n + 1, 1.0);
+    // (byte offset of the first row, row stride in bytes)
+    for (offset, stride) in [(0, 4 * k), (0, 4 * (k + 1)), (2, 4 * k), (0, 4 * k + 2)] {
+        let mut g = G::new();
+        let wt = g.input(ty::F32, [k, m, 1, 1], &w);
+        let mut bytes = vec![0u8; (offset + stride * (n - 1) + 4 * k).div_ceil(4) * 4];
+        for i in 0..n {
+            for j in 0..k {
+                let at = offset + i * stride + 4 * j;
+                bytes[at..at + 4].copy_from_slice(&x[i * (k + 1) + j].to_le_bytes());
+            }
+        }
+        let base = g.input_bytes(ty::F32, [bytes.len() / 4, 1, 1, 1], &bytes);
+        let xt = g.view(
+            base,
+            [k, n, 1, 1],
+            [4, stride, stride * n, stride * n],
+            offset,
+        );
+        let mm = g.node(Op::MUL_MAT, ty::F32, [m, n, 1, 1], &[wt, xt], &[]);
+        let out = g.run(2).unwrap();
+        let want: Vec<f64> = all([m, n, 1, 1])
+            .map(|[i0, i1, ..]| {
+                (0..k)
+                    .map(|j| f64::from(w[i0 * k + j]) * f64::from(x[i1 * (k + 1) + j]))
+                    .sum()
+            })
+            .collect();
+        assert_close(
+            &g.read(&out, mm),
+            &want,
+            1e-10,
+            &format!("activations at offset {offset}, stride {stride}"),
+        );
+    }
+}
+
+#[test]
 fn mul_mat_with_strided_float_weights_widens_them() {
     let mut rng = Rng::new(21);
     for w_type in [ty::F32, ty::F16, ty::BF16] {

@@ -84,6 +84,9 @@ enum Prepared {
     /// MUL_MAT): the rows converted as for `Bytes` (rounded to F16 for
     /// F16 weights), then widened back to f32 (exactly), `k` per row.
     F16(Vec<f32>),
+    /// For F32 weights with a register-blocked kernel: the F32 activation rows where they
+    /// are, when each is a run of aligned f32s (the conversion would be a copy).
+    InPlace,
 }
 
 impl Prepared {
@@ -114,6 +117,9 @@ impl Prepared {
             .ok_or_else(|| internal("weights without a vec_dot_type"))?;
         let info = type_info(vdt).ok_or(Error::InvalidType { type_id: vdt })?;
         let stride = k / info.block_size as usize * info.type_size as usize;
+        if f16_tiles && vdt == ty::F32 && in_place_f32_rows(x) {
+            return Ok(Prepared::InPlace);
+        }
         if f16_tiles {
             // each row rounded to `vdt` (F16, or F32: as it is) right after its conversion
             let round: fn(&mut [f32]) = match vdt {
@@ -157,6 +163,18 @@ impl Prepared {
         }
         Ok(Prepared::Bytes { stride, bytes })
     }
+}
+
+/// Whether every row of `x` is a run of aligned little-endian f32s in its buffer, so the
+/// float row kernels can read the rows where they are.
+fn in_place_f32_rows(x: &SrcView<'_>) -> bool {
+    let l = &x.layout;
+    let align = std::mem::align_of::<f32>();
+    cfg!(target_endian = "little")
+        && l.type_id == ty::F32
+        && l.dense_rows()
+        && (x.bytes.as_ptr() as usize).is_multiple_of(align)
+        && l.nb[1..].iter().all(|nb| nb.is_multiple_of(align))
 }
 
 /// The weights as a kernel reads them.
@@ -277,7 +295,7 @@ impl<'a> Weights<'a> {
                     }
                 }
             }
-            Prepared::Tiles(_) | Prepared::F16(_) => {
+            Prepared::Tiles(_) | Prepared::F16(_) | Prepared::InPlace => {
                 return Err(internal("MUL_MAT tile rows outside the tile loops"))
             }
         }
@@ -463,6 +481,7 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
                         Prepared::F16(values) => values
                             .get(row * k..(row + 1) * k)
                             .map(bytemuck::cast_slice::<f32, u8>),
+                        Prepared::InPlace => Some(x.row(layout.row_index(r))),
                         Prepared::Bytes { stride, bytes } => {
                             bytes.get(row * stride..(row + 1) * stride)
                         }
