@@ -49,7 +49,7 @@ HEADER = """\
 //! These tables are part of the formats' definition and are reproduced exactly.
 //!
 //! Source: llama.cpp / ggml, Copyright (c) 2023-2026 The ggml authors, under the MIT License
-//! (https://github.com/ggml-org/llama.cpp/blob/master/LICENSE).
+//! (<https://github.com/ggml-org/llama.cpp/blob/master/LICENSE>).
 """
 
 

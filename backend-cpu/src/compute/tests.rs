@@ -2022,6 +2022,37 @@ fn rope_tables_are_shared_only_by_nodes_with_the_same_positions_and_parameters()
 }
 
 #[test]
+fn rope_over_more_tokens_than_a_table_holds_builds_each_cache_per_token() {
+    // Two rotated dimensions: four floats per token in a table, so just over 2^20 tokens
+    // pass the 2^22-float bound and each thread builds one token's cache at a time.
+    let mut rng = Rng::new(64);
+    let ne = [2, 1, (1 << 20) + 1, 1];
+    let x = rng.values(ne.iter().product(), 1.0);
+    let pos: Vec<i64> = (0..ne[2]).map(|_| rng.below(1000) as i64).collect();
+    let mut g = G::new();
+    let a = g.input(ty::F32, ne, &x);
+    let p = g.ids(ty::I32, [ne[2], 1, 1, 1], &pos);
+    let r = g.node(Op::ROPE, ty::F32, ne, &[a, p], &rope_params(2, 0, 0));
+    let out = g.run(2).unwrap();
+    let want = rope_reference(
+        &x,
+        ne,
+        &pos,
+        2,
+        0,
+        10000.0,
+        1.0,
+        0.0,
+        1.0,
+        4096.0,
+        (32.0, 1.0),
+        None,
+        0,
+    );
+    assert_close(&g.read(&out, r), &want, 1e-9, "rope over 2^20 + 1 tokens");
+}
+
+#[test]
 fn soft_max_with_mask_broadcast_alibi_and_sinks() {
     let mut rng = Rng::new(17);
     for round in 0..6 {

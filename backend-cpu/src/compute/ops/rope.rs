@@ -19,7 +19,9 @@
 //! node's tokens form one table, kept for the rest of the graph computation ([`RopeTables`])
 //! under everything it was computed from (the parameters and the position and frequency
 //! factor values): a model's Q and K rotations of every layer share one table, so its
-//! `sin`/`cos` pairs are computed once per graph instead of twice per layer.
+//! `sin`/`cos` pairs are computed once per graph instead of twice per layer. A node whose
+//! table would pass [`TABLE_MAX_FLOATS`] (a token count that no memory backs, say) builds one
+//! token's cache at a time instead, as ggml does.
 
 use std::f32::consts::PI;
 
@@ -30,6 +32,9 @@ use crate::compute::plan::{rope_mode, RopeParams};
 use crate::compute::view::{internal, SrcView};
 
 use super::{c_max, c_min, map_rows, Node};
+
+/// Most floats in one table (16 MiB: 32,768 tokens of 128 rotated dimensions).
+const TABLE_MAX_FLOATS: usize = 1 << 22;
 
 /// Tables kept per graph: models alternate at most a few ROPE settings (sliding-window and
 /// global layers, for one), and a graph whose keys all differ recomputes as ggml does.
@@ -46,7 +51,7 @@ pub(crate) struct RopeTables {
 /// the node runs (an earlier node of the graph may have written them).
 #[derive(Debug, PartialEq, Eq)]
 struct TableKey {
-    params: [u32; 16],
+    params: [u64; 14],
     width: usize,
     positions: Vec<i64>,
     factors: Option<Vec<u32>>,
@@ -54,24 +59,36 @@ struct TableKey {
 
 impl TableKey {
     fn new(rope: &Rope<'_>) -> TableKey {
-        let p = &rope.p;
+        // Every field, exactly (the pattern names them all, so a new one cannot be missed):
+        // f32s by their bits (NaN equal to itself, -0 apart from 0).
+        let RopeParams {
+            n_dims,
+            mode,
+            n_ctx_orig,
+            freq_base,
+            freq_scale,
+            ext_factor,
+            attn_factor,
+            beta_fast,
+            beta_slow,
+            sections,
+            n_offs,
+        } = rope.p;
         let params = [
-            p.n_dims as u32,
-            p.mode as u32,
-            p.n_ctx_orig as u32,
-            p.freq_base.to_bits(),
-            p.freq_scale.to_bits(),
-            p.ext_factor.to_bits(),
-            p.attn_factor.to_bits(),
-            p.beta_fast.to_bits(),
-            p.beta_slow.to_bits(),
-            p.sections[0] as u32,
-            p.sections[1] as u32,
-            p.sections[2] as u32,
-            p.sections[3] as u32,
-            p.n_offs as u32,
-            (p.n_dims >> 32) as u32,
-            (p.n_offs >> 32) as u32,
+            n_dims as u64,
+            mode as u32 as u64,
+            n_ctx_orig as u32 as u64,
+            freq_base.to_bits().into(),
+            freq_scale.to_bits().into(),
+            ext_factor.to_bits().into(),
+            attn_factor.to_bits().into(),
+            beta_fast.to_bits().into(),
+            beta_slow.to_bits().into(),
+            sections[0] as u32 as u64,
+            sections[1] as u32 as u64,
+            sections[2] as u32 as u64,
+            sections[3] as u32 as u64,
+            n_offs as u64,
         ];
         let used_positions = if rope.multi_section() {
             4 * rope.ne2
@@ -303,8 +320,33 @@ pub(super) fn rope(
         ne2: a.layout().ne[2],
         width,
     };
-    let table = rope.table(node, tables)?;
     let stride = rope.stride();
+    // The table (and its key) grow with the token count, which a graph may set far above
+    // the memory behind it (an empty tensor, zero strides): past a bound, each thread builds
+    // one token's cache at a time, as ggml does.
+    let tabled = dst.layout().rows() > 0
+        && rope
+            .ne2
+            .checked_mul(stride)
+            .is_some_and(|floats| floats <= TABLE_MAX_FLOATS);
+    if !tabled {
+        return map_rows(
+            node,
+            dst,
+            a,
+            4,
+            || (None, vec![0.0f32; stride]),
+            |(token, cache), _, [_, i2, _], x, y| {
+                if *token != Some(i2) {
+                    rope.fill(i2, cache);
+                    *token = Some(i2);
+                }
+                rope.rotate(cache, x, y);
+                Ok(())
+            },
+        );
+    }
+    let table = rope.table(node, tables)?;
     map_rows(
         node,
         dst,

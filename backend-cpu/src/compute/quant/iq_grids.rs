@@ -6,7 +6,7 @@
 //! These tables are part of the formats' definition and are reproduced exactly.
 //!
 //! Source: llama.cpp / ggml, Copyright (c) 2023-2026 The ggml authors, under the MIT License
-//! (https://github.com/ggml-org/llama.cpp/blob/master/LICENSE).
+//! (<https://github.com/ggml-org/llama.cpp/blob/master/LICENSE>).
 
 /// `ksigns_iq2xs`. Sign patterns of 8 values from 7 bits: bit 7 makes the count of set bits even.
 #[rustfmt::skip]
