@@ -137,8 +137,7 @@ impl Prepared {
             .collect();
         // F32 rows are quantized in place, without a copy, where they are aligned f32s (and
         // the bytes are the values: little-endian)
-        let direct =
-            cfg!(target_endian = "little") && x.layout.type_id == ty::F32 && x.layout.dense_rows();
+        let direct = in_place_f32_rows(x);
         node.pool.run(items, &|(first, out): (usize, &mut [u8])| {
             let mut row = vec![0.0f32; k];
             for (n, dst) in out.chunks_mut(stride.max(1)).enumerate() {
@@ -166,7 +165,7 @@ impl Prepared {
 }
 
 /// Whether every row of `x` is a run of aligned little-endian f32s in its buffer, so the
-/// float row kernels can read the rows where they are.
+/// float row kernels and the activation quantizer can read the rows where they are.
 fn in_place_f32_rows(x: &SrcView<'_>) -> bool {
     let l = &x.layout;
     let align = std::mem::align_of::<f32>();

@@ -175,11 +175,14 @@ impl Rope<'_> {
             Some(index) => index,
             None => {
                 let stride = self.stride();
-                // ne2 tokens of `width` values: no more than the node's source holds.
+                // At most TABLE_MAX_FLOATS: the caller checks before asking for a table.
                 let mut values = vec![0.0f32; self.ne2 * stride];
-                let chunk = node.pool.chunk(self.ne2, self.width.saturating_mul(16));
+                let chunk = node
+                    .pool
+                    .chunk(self.ne2, self.width.saturating_mul(16))
+                    .max(1);
                 let items: Vec<(usize, &mut [f32])> = values
-                    .chunks_mut(chunk.max(1) * stride)
+                    .chunks_mut(chunk * stride)
                     .enumerate()
                     .map(|(n, tokens)| (n * chunk, tokens))
                     .collect();
@@ -329,34 +332,31 @@ pub(super) fn rope(
             .ne2
             .checked_mul(stride)
             .is_some_and(|floats| floats <= TABLE_MAX_FLOATS);
-    if !tabled {
-        return map_rows(
-            node,
-            dst,
-            a,
-            4,
-            || (None, vec![0.0f32; stride]),
-            |(token, cache), _, [_, i2, _], x, y| {
-                if *token != Some(i2) {
-                    rope.fill(i2, cache);
-                    *token = Some(i2);
-                }
-                rope.rotate(cache, x, y);
-                Ok(())
-            },
-        );
-    }
-    let table = rope.table(node, tables)?;
+    let table = if tabled {
+        Some(rope.table(node, tables)?)
+    } else {
+        None
+    };
     map_rows(
         node,
         dst,
         a,
         4,
-        || (),
-        |_, _, [_, i2, _], x, y| {
-            let cache = table
-                .get(i2 * stride..(i2 + 1) * stride)
-                .ok_or_else(|| internal("ROPE row of a token beyond the table"))?;
+        || (None, Vec::new()),
+        |(token, own), _, [_, i2, _], x, y| {
+            let cache = match table {
+                Some(table) => table
+                    .get(i2 * stride..(i2 + 1) * stride)
+                    .ok_or_else(|| internal("ROPE row of a token beyond the table"))?,
+                None => {
+                    if *token != Some(i2) {
+                        own.resize(stride, 0.0);
+                        rope.fill(i2, own);
+                        *token = Some(i2);
+                    }
+                    own
+                }
+            };
             rope.rotate(cache, x, y);
             Ok(())
         },
