@@ -135,6 +135,44 @@ fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
     assert!(!stderr.contains("WARNING"), "{stderr}");
 }
 
+/// Pinned to one CPU (`taskset -c 0`, as in the llama-bench comparisons), the tokio shell
+/// still runs two workers: with one, every graph of a lone client would go through
+/// `block_in_place`'s thread handoff instead of running inline.
+#[test]
+fn the_tokio_shell_keeps_two_workers_on_one_cpu() {
+    let port = free_port().to_string();
+    let mut child = Command::new("taskset")
+        .args(["-c", "0", SERVER, "-p", &port, "--shell", "tokio"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("taskset (util-linux) runs");
+    let workers = || {
+        std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .unwrap()
+            .filter(|task| {
+                let comm = task.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|name| name.trim() == "rpc-io")
+            })
+            .count()
+    };
+    // The listener is bound before the runtime starts: give the workers a moment to appear.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = workers();
+    while seen < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        seen = workers();
+    }
+    let affinity = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        affinity.contains("Cpus_allowed_list:\t0\n"),
+        "pinned to CPU 0: {affinity}"
+    );
+    assert_eq!(seen, 2);
+}
+
 #[test]
 fn sigint_stops_every_shell_with_a_client_connected() {
     for shell in SHELLS {
