@@ -8,13 +8,16 @@
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
 //! * [`direct`]: what a non-blocking socket call on lent backend memory came to (the
 //!   zero-copy tensor data path).
-#![forbid(unsafe_code)]
+//! * [`low_water`]: [`LowWater`], the receive low-water mark while a bulk payload streams in
+//!   (its one system call is the crate's only `unsafe`).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cache_dir;
 pub mod config;
 pub mod direct;
 pub mod heavy;
+pub mod low_water;
 
 pub use cache_dir::FsTensorCache;
 pub use config::{
@@ -23,3 +26,4 @@ pub use config::{
 };
 pub use direct::Direct;
 pub use heavy::{is_heavy, HEAVY_BYTES};
+pub use low_water::LowWater;
