@@ -138,6 +138,23 @@ pub(crate) enum Kernel {
         /// snapshots, Mamba 2 only when above 1).
         snapshots: usize,
     },
+    /// RWKV_WKV6, RWKV_WKV7 and GATED_LINEAR_ATTN: per-head `S x S` linear-attention
+    /// recurrences over the tokens of each sequence.
+    Wkv(WkvOp),
+}
+
+/// The linear-attention recurrences of [`Kernel::Wkv`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum WkvOp {
+    /// RWKV_WKV6: sources `k, v, r, time_first, time_decay, state`.
+    Rwkv6,
+    /// RWKV_WKV7: sources `r, w, k, v, a, b, state`.
+    Rwkv7,
+    /// GATED_LINEAR_ATTN: sources `k, v, q, g, state`.
+    GatedLinearAttn {
+        /// The factor of `q` (`op_params[0]`).
+        scale: f32,
+    },
 }
 
 /// The four broadcasting binary ops.
@@ -744,6 +761,14 @@ impl Checker<'_> {
             }
             Op::SSM_CONV => self.ssm_conv(dst),
             Op::SSM_SCAN => self.ssm_scan(dst),
+            Op::RWKV_WKV6 => self.wkv(dst, WkvOp::Rwkv6),
+            Op::RWKV_WKV7 => self.wkv(dst, WkvOp::Rwkv7),
+            Op::GATED_LINEAR_ATTN => self.wkv(
+                dst,
+                WkvOp::GatedLinearAttn {
+                    scale: self.fparam(0),
+                },
+            ),
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }
@@ -1278,6 +1303,68 @@ impl Checker<'_> {
             Kernel::SsmScan { snapshots },
             [s, x, dt, a, b, c, ids].map(Some).to_vec(),
             vec![false; 7],
+        ))
+    }
+
+    /// RWKV_WKV6 / RWKV_WKV7 / GATED_LINEAR_ATTN (`ggml_rwkv_wkv6`, `ggml_rwkv_wkv7`,
+    /// `ggml_gated_linear_attn`): contiguous F32 sources, the per-token ones
+    /// `{S, H, n_tokens}`, RWKV 6's `time_first` `S * H` values, the state `S * S * H` values per
+    /// sequence (`state.ne1` sequences, which share the tokens evenly), giving
+    /// `{S * H, n_tokens + S * n_seqs}`: the outputs, then the final states.
+    #[allow(clippy::type_complexity)]
+    fn wkv(&self, dst: &Layout, op: WkvOp) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let count = match op {
+            WkvOp::Rwkv6 => 6,
+            WkvOp::Rwkv7 => 7,
+            WkvOp::GatedLinearAttn { .. } => 5,
+        };
+        let srcs = (0..count)
+            .map(|slot| self.need(slot))
+            .collect::<Result<Vec<_>>>()?;
+        if srcs.iter().chain([dst]).any(|t| t.type_id != ty::F32) {
+            return Err(self.refuse("linear-attention recurrences take and give F32"));
+        }
+        if !srcs.iter().all(Layout::is_contiguous) {
+            return Err(self.bad("linear-attention recurrences need contiguous sources"));
+        }
+        // k sets the sizes (slot 0 in RWKV 6 and GLA, 2 in RWKV 7); the state is last
+        let key = if op == WkvOp::Rwkv7 { 2 } else { 0 };
+        let (head_size, heads, tokens) = (srcs[key].ne[0], srcs[key].ne[1], srcs[key].ne[2]);
+        let state = srcs[count - 1];
+        let n_seqs = state.ne[1];
+        let per_token = [head_size, heads, tokens, 1];
+        let token_inputs_fit =
+            srcs[..count - 1]
+                .iter()
+                .enumerate()
+                .all(|(slot, t)| match (op, slot) {
+                    // RWKV 6's time_first: one value per head and key, read flat
+                    (WkvOp::Rwkv6, 3) => t.elements() == head_size * heads,
+                    _ => t.ne == per_token,
+                });
+        let state_len = [head_size, head_size, heads, n_seqs]
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        let rows = head_size
+            .checked_mul(n_seqs)
+            .and_then(|n| n.checked_add(tokens));
+        let shapes = token_inputs_fit
+            && n_seqs > 0
+            && tokens.is_multiple_of(n_seqs)
+            && state_len == Some(state.elements())
+            && rows.is_some_and(|rows| dst.ne == [head_size * heads, rows, 1, 1]);
+        if !shapes {
+            let ne: Vec<_> = srcs.iter().map(|t| t.ne).collect();
+            return Err(self.bad(format!(
+                "sources {ne:?} cannot give {:?} (S = {head_size}, H = {heads}, {tokens} tokens, {n_seqs} sequences)",
+                dst.ne
+            )));
+        }
+        let in_place = vec![false; count];
+        Ok((
+            Kernel::Wkv(op),
+            srcs.into_iter().map(Some).collect(),
+            in_place,
         ))
     }
 }

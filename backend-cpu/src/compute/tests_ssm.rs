@@ -1,7 +1,7 @@
-//! Tests of SSM_CONV and SSM_SCAN: results against naive f64 references written here (several
-//! shapes, sequences, groups, rollback snapshots, strided and overlapping sources), the same
-//! bytes from one and three threads, and refusals of malformed nodes before anything is
-//! written.
+//! Tests of SSM_CONV, SSM_SCAN, RWKV_WKV6, RWKV_WKV7 and GATED_LINEAR_ATTN: results against
+//! naive f64 references written here (several shapes, sequences, groups, rollback snapshots,
+//! strided and overlapping sources), the same bytes from one and three threads, and refusals
+//! of malformed nodes before anything is written.
 
 use proto_core::ggml::types::id as ty;
 use proto_core::ggml::Op;
@@ -686,4 +686,274 @@ fn malformed_ssm_nodes_are_refused_before_anything_is_written() {
     let c = g.input(ty::F32, [4, 4, 1, 1], &[0.5; 16]);
     g.node(Op::SSM_CONV, ty::F32, [4, 3, 1, 1], &[sx, c], &[]);
     assert_refused(&g, ErrorKind::InvalidGraph);
+}
+
+// --- RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN --------------------------------------------------
+
+/// One linear-attention recurrence node: the op, its sizes, and its sources in slot order
+/// (every slot but `time_first` and the state is `{S, H, n_tokens}`).
+struct Recurrence {
+    op: Op,
+    /// GATED_LINEAR_ATTN's scale.
+    scale: f32,
+    head_size: usize,
+    heads: usize,
+    seq_tokens: usize,
+    n_seqs: usize,
+    srcs: Vec<Vec<f32>>,
+}
+
+impl Recurrence {
+    fn new(op: Op, [head_size, heads, seq_tokens, n_seqs]: [usize; 4], rng: &mut Rng) -> Self {
+        let tokens = seq_tokens * n_seqs;
+        let per_token = head_size * heads * tokens;
+        // decays in (0.5, 1), everything else in (-1, 1); RWKV 7's a and b small, as their
+        // l2-normalized values are in the models
+        let decay = |rng: &mut Rng, n: usize| -> Vec<f32> {
+            rng.values(n, 0.25).iter().map(|v| v + 0.75).collect()
+        };
+        let state = rng.values(head_size * head_size * heads * n_seqs, 1.0);
+        let srcs = match op {
+            // k, v, r, time_first, time_decay, state
+            Op::RWKV_WKV6 => vec![
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 1.0),
+                rng.values(head_size * heads, 1.0),
+                decay(rng, per_token),
+                state,
+            ],
+            // r, w, k, v, a, b, state
+            Op::RWKV_WKV7 => vec![
+                rng.values(per_token, 1.0),
+                decay(rng, per_token),
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 0.3),
+                rng.values(per_token, 0.3),
+                state,
+            ],
+            // k, v, q, g, state
+            _ => vec![
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 1.0),
+                rng.values(per_token, 1.0),
+                decay(rng, per_token),
+                state,
+            ],
+        };
+        Recurrence {
+            op,
+            scale: 0.125,
+            head_size,
+            heads,
+            seq_tokens,
+            n_seqs,
+            srcs,
+        }
+    }
+
+    fn tokens(&self) -> usize {
+        self.seq_tokens * self.n_seqs
+    }
+
+    fn dst_ne(&self) -> [usize; 4] {
+        [
+            self.head_size * self.heads,
+            self.tokens() + self.head_size * self.n_seqs,
+            1,
+            1,
+        ]
+    }
+
+    /// The source shapes, slot by slot.
+    fn shapes(&self) -> Vec<[usize; 4]> {
+        let (n, h, t) = (self.head_size, self.heads, self.tokens());
+        (0..self.srcs.len())
+            .map(|slot| {
+                if slot == self.srcs.len() - 1 {
+                    [n * n * h, self.n_seqs, 1, 1]
+                } else if self.op == Op::RWKV_WKV6 && slot == 3 {
+                    [n, h, 1, 1]
+                } else {
+                    [n, h, t, 1]
+                }
+            })
+            .collect()
+    }
+
+    fn graph(&self) -> (G, TensorIndex) {
+        let mut g = G::new();
+        let srcs: Vec<TensorIndex> = self
+            .shapes()
+            .into_iter()
+            .zip(&self.srcs)
+            .map(|(ne, values)| g.input(ty::F32, ne, values))
+            .collect();
+        let params = [self.scale.to_bits() as i32];
+        let node = g.node(self.op, ty::F32, self.dst_ne(), &srcs, &params);
+        (g, node)
+    }
+
+    /// The destination in f64.
+    fn reference(&self) -> Vec<f64> {
+        let (n, nh) = (self.head_size, self.heads);
+        let width = n * nh;
+        let wide = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(x)).collect() };
+        let srcs: Vec<Vec<f64>> = self.srcs.iter().map(|v| wide(v)).collect();
+        let mut out = vec![0.0f64; width * (self.tokens() + n * self.n_seqs)];
+        let states_at = width * self.tokens();
+        for seq in 0..self.n_seqs {
+            let mut st = srcs[srcs.len() - 1][seq * n * width..(seq + 1) * n * width].to_vec();
+            for local in 0..self.seq_tokens {
+                let t = seq * self.seq_tokens + local;
+                for h in 0..nh {
+                    let x = |slot: usize, i: usize| srcs[slot][(t * nh + h) * n + i];
+                    let s = |i: usize, j: usize| (h * n + i) * n + j;
+                    let y = |j: usize| t * width + h * n + j;
+                    match self.op {
+                        Op::RWKV_WKV6 => {
+                            for j in 0..n {
+                                out[y(j)] = (0..n)
+                                    .map(|i| {
+                                        let kv = x(0, i) * x(1, j);
+                                        x(2, i) * (kv * srcs[3][h * n + i] + st[s(i, j)])
+                                    })
+                                    .sum();
+                            }
+                            for i in 0..n {
+                                for j in 0..n {
+                                    st[s(i, j)] = st[s(i, j)] * x(4, i) + x(0, i) * x(1, j);
+                                }
+                            }
+                        }
+                        Op::RWKV_WKV7 => {
+                            for i in 0..n {
+                                let sa: f64 = (0..n).map(|j| x(4, j) * st[s(i, j)]).sum();
+                                for j in 0..n {
+                                    st[s(i, j)] =
+                                        st[s(i, j)] * x(1, j) + x(3, i) * x(2, j) + sa * x(5, j);
+                                }
+                                out[y(i)] = (0..n).map(|j| st[s(i, j)] * x(0, j)).sum();
+                            }
+                        }
+                        _ => {
+                            for i in 0..n {
+                                for j in 0..n {
+                                    st[s(i, j)] = st[s(i, j)] * x(3, i) + x(0, i) * x(1, j);
+                                }
+                            }
+                            for j in 0..n {
+                                out[y(j)] = (0..n)
+                                    .map(|i| st[s(i, j)] * x(2, i) * f64::from(self.scale))
+                                    .sum();
+                            }
+                        }
+                    }
+                }
+            }
+            let at = states_at + seq * n * width;
+            out[at..at + n * width].copy_from_slice(&st);
+        }
+        out
+    }
+}
+
+#[test]
+fn rwkv6_rwkv7_and_gla_match_naive_recurrences_per_sequence() {
+    let mut rng = Rng::new(75);
+    for op in [Op::RWKV_WKV6, Op::RWKV_WKV7, Op::GATED_LINEAR_ATTN] {
+        // [S, H, tokens per sequence, sequences]
+        for sizes in [[4, 3, 5, 2], [8, 2, 1, 3], [16, 5, 7, 1], [3, 4, 4, 2]] {
+            let rec = Recurrence::new(op, sizes, &mut rng);
+            let what = format!("{op:?} {sizes:?}");
+            let (g, node) = rec.graph();
+            let bytes = run_both(&g, &what);
+            assert_close(&g.read(&bytes, node), &rec.reference(), 1e-10, &what);
+        }
+    }
+}
+
+/// A malformed recurrence: what it breaks, the shapes of its sources and destination.
+type BadRecurrence = (&'static str, Vec<[usize; 4]>, [usize; 4]);
+
+#[test]
+fn malformed_recurrences_are_refused_before_anything_is_written() {
+    let mut rng = Rng::new(76);
+    for op in [Op::RWKV_WKV6, Op::RWKV_WKV7, Op::GATED_LINEAR_ATTN] {
+        let rec = Recurrence::new(op, [4, 2, 3, 2], &mut rng);
+        let last = rec.srcs.len() - 1;
+        let mut cases: Vec<BadRecurrence> = Vec::new();
+        let mut shapes = rec.shapes();
+        shapes[1] = [4, 2, 5, 1];
+        cases.push(("an input of other tokens", shapes, rec.dst_ne()));
+        let mut shapes = rec.shapes();
+        // 6 tokens over 4 sequences
+        shapes[last] = [4 * 4 * 2, 4, 1, 1];
+        cases.push(("tokens not shared evenly by the sequences", shapes, {
+            let mut ne = rec.dst_ne();
+            ne[1] = 6 + 4 * 4;
+            ne
+        }));
+        let mut shapes = rec.shapes();
+        shapes[last] = [4 * 4 * 2 - 1, 2, 1, 1];
+        cases.push(("a state one value short", shapes, rec.dst_ne()));
+        let mut shapes = rec.shapes();
+        shapes[last] = [4 * 4 * 2 * 2, 0, 1, 1];
+        cases.push(("no sequences", shapes, [8, 6, 1, 1]));
+        let mut ne = rec.dst_ne();
+        ne[1] -= 1;
+        cases.push(("a destination one row short", rec.shapes(), ne));
+        let mut shapes = rec.shapes();
+        shapes[0] = [4, 2, 6, 2];
+        cases.push(("a 4-D input", shapes, rec.dst_ne()));
+        if op == Op::RWKV_WKV6 {
+            let mut shapes = rec.shapes();
+            shapes[3] = [4, 3, 1, 1];
+            cases.push(("time_first of another head count", shapes, rec.dst_ne()));
+        }
+        for (what, shapes, dst_ne) in cases {
+            let mut g = G::new();
+            let srcs: Vec<TensorIndex> = shapes
+                .iter()
+                .map(|&ne| g.input(ty::F32, ne, &vec![0.5; ne.iter().product()]))
+                .collect();
+            g.node(op, ty::F32, dst_ne, &srcs, &[0]);
+            let error = g.run(1).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                ErrorKind::InvalidGraph,
+                "{op:?}, {what}: {error}"
+            );
+            assert_refused(&g, ErrorKind::InvalidGraph);
+        }
+        // F16 sources: no kernel
+        let mut g = G::new();
+        let srcs: Vec<TensorIndex> = rec
+            .shapes()
+            .iter()
+            .map(|&ne| g.input(ty::F16, ne, &vec![0.5; ne.iter().product()]))
+            .collect();
+        g.node(op, ty::F32, rec.dst_ne(), &srcs, &[0]);
+        assert_refused(&g, ErrorKind::OpRefused);
+        // a missing source
+        let mut g = G::new();
+        let srcs: Vec<TensorIndex> = rec.shapes()[..last]
+            .iter()
+            .map(|&ne| g.input(ty::F32, ne, &vec![0.5; ne.iter().product()]))
+            .collect();
+        g.node(op, ty::F32, rec.dst_ne(), &srcs, &[0]);
+        assert_refused(&g, ErrorKind::InvalidGraph);
+        // a transposed (non-contiguous) first input
+        let mut g = G::new();
+        let mut srcs: Vec<TensorIndex> = rec
+            .shapes()
+            .iter()
+            .map(|&ne| g.input(ty::F32, ne, &vec![0.5; ne.iter().product()]))
+            .collect();
+        let base = g.input(ty::F32, [2, 4, 6, 1], &[0.5; 48]);
+        srcs[0] = g.view(base, [4, 2, 6, 1], [8, 4, 32, 192], 0);
+        g.node(op, ty::F32, rec.dst_ne(), &srcs, &[0]);
+        assert_refused(&g, ErrorKind::InvalidGraph);
+    }
 }

@@ -31,7 +31,7 @@ use crate::compute::view::{encode, internal, Scalar, SrcView};
 use super::{dot, widen_all, Node};
 
 /// Stores f32 values at column `col` of row `row` of an F32 destination.
-fn store_f32(
+pub(super) fn store_f32(
     part: &mut DstPart<'_>,
     row: usize,
     col: usize,
@@ -49,7 +49,7 @@ fn store_f32(
 
 /// `values[start..start + len]`, or an internal error (the plan's shape checks make every
 /// range used here valid).
-fn span(values: &[f32], start: usize, len: usize) -> Result<&[f32]> {
+pub(super) fn span(values: &[f32], start: usize, len: usize) -> Result<&[f32]> {
     start
         .checked_add(len)
         .and_then(|end| values.get(start..end))
@@ -224,7 +224,7 @@ impl Scan<'_> {
 }
 
 /// `values[start..start + len]` for writing, or an internal error.
-fn span_mut(values: &mut [f32], start: usize, len: usize) -> Result<&mut [f32]> {
+pub(super) fn span_mut(values: &mut [f32], start: usize, len: usize) -> Result<&mut [f32]> {
     start
         .checked_add(len)
         .and_then(|end| values.get_mut(start..end))
