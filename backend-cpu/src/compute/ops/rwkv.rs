@@ -145,6 +145,7 @@ impl Wkv {
     }
 }
 
+/// RWKV_WKV6 / RWKV_WKV7 / GATED_LINEAR_ATTN, by `op`.
 pub(super) fn wkv(node: &Node<'_>, mut dst: Dst<'_>, op: WkvOp) -> Result<()> {
     let (key, count) = match op {
         WkvOp::Rwkv6 => (0, 6),

@@ -73,6 +73,7 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
+/// SSM_CONV: sources `sx {d_conv - 1 + n_t, d_inner, n_s}` and `c {d_conv, d_inner}`.
 pub(super) fn ssm_conv(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let (sx, c) = (node.view(0)?, node.view(1)?);
     let (window, d_conv, d_inner) = (sx.layout.ne[0], c.layout.ne[0], c.layout.ne[1]);
@@ -162,7 +163,7 @@ impl Scan<'_> {
             for row in 0..nr {
                 let at = (local * nr + row) * nc;
                 self.states
-                    .load_f32([row, h, first], &mut state[at..at + nc])?;
+                    .load_f32([row, h, first], span_mut(&mut state, at, nc)?)?;
             }
         }
         let mut y = vec![0.0f32; nt * count * nr];
@@ -231,6 +232,7 @@ pub(super) fn span_mut(values: &mut [f32], start: usize, len: usize) -> Result<&
         .ok_or_else(|| internal("an SSM index outside its scratch buffer"))
 }
 
+/// SSM_SCAN: sources `s, x, dt, A, B, C, ids`; `snapshots` is `K`.
 pub(super) fn ssm_scan(node: &Node<'_>, mut dst: Dst<'_>, snapshots: usize) -> Result<()> {
     let states = node.view(0)?;
     let (x, b) = (node.view(1)?, node.view(4)?);
