@@ -128,6 +128,33 @@ pub(crate) enum Kernel {
     },
     /// REPEAT.
     Repeat,
+    /// SSM_CONV: each channel's sliding-window dot product with its own `d_conv` weights.
+    SsmConv,
+    /// SSM_SCAN: the selective-scan recurrence of Mamba 1 (`A` per state, `A.ne0 == d_state`)
+    /// or Mamba 2 (`A` per head, `A.ne0 == 1`).
+    SsmScan {
+        /// `K` (`op_params[0]`): how many states per sequence the destination holds after the
+        /// outputs: the final one, then the states `1..K` tokens before the end (rollback
+        /// snapshots, Mamba 2 only when above 1).
+        snapshots: usize,
+    },
+    /// RWKV_WKV6, RWKV_WKV7 and GATED_LINEAR_ATTN: per-head `S x S` linear-attention
+    /// recurrences over the tokens of each sequence.
+    Wkv(WkvOp),
+}
+
+/// The linear-attention recurrences of [`Kernel::Wkv`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum WkvOp {
+    /// RWKV_WKV6: sources `k, v, r, time_first, time_decay, state`.
+    Rwkv6,
+    /// RWKV_WKV7: sources `r, w, k, v, a, b, state`.
+    Rwkv7,
+    /// GATED_LINEAR_ATTN: sources `k, v, q, g, state`.
+    GatedLinearAttn {
+        /// The factor of `q` (`op_params[0]`).
+        scale: f32,
+    },
 }
 
 /// The four broadcasting binary ops.
@@ -732,6 +759,16 @@ impl Checker<'_> {
                 self.repeats(&a, dst, "src0 does not repeat into the destination")?;
                 one(Kernel::Repeat, a, false)
             }
+            Op::SSM_CONV => self.ssm_conv(dst),
+            Op::SSM_SCAN => self.ssm_scan(dst),
+            Op::RWKV_WKV6 => self.wkv(dst, WkvOp::Rwkv6),
+            Op::RWKV_WKV7 => self.wkv(dst, WkvOp::Rwkv7),
+            Op::GATED_LINEAR_ATTN => self.wkv(
+                dst,
+                WkvOp::GatedLinearAttn {
+                    scale: self.fparam(0),
+                },
+            ),
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }
@@ -1161,5 +1198,173 @@ impl Checker<'_> {
             limit: self.fparam(3),
         };
         Ok((Kernel::Glu(params), vec![Some(a), b], vec![false, false]))
+    }
+
+    /// SSM_CONV (`ggml_ssm_conv`): `sx {d_conv - 1 + n_t, d_inner, n_s}` and
+    /// `c {d_conv, d_inner}` give `{d_inner, n_t, n_s}`, all F32 (the only type ggml-cpu has),
+    /// with the element strides ggml-cpu asserts.
+    #[allow(clippy::type_complexity)]
+    fn ssm_conv(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (sx, c) = (self.need(0)?, self.need(1)?);
+        if sx.type_id != ty::F32 || c.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("SSM_CONV takes and gives F32"));
+        }
+        let (d_conv, d_inner) = (c.ne[0], c.ne[1]);
+        // ggml_is_3d(sx), ggml_is_matrix(c), and at least one window per sequence
+        let tokens = (sx.ne[0] + 1).checked_sub(d_conv);
+        let shapes = sx.ne[3] == 1
+            && c.ne[2] == 1
+            && c.ne[3] == 1
+            && sx.ne[1] == d_inner
+            && tokens.is_some_and(|n_t| dst.ne == [d_inner, n_t, sx.ne[2], 1]);
+        if !shapes {
+            return Err(self.bad(format!(
+                "SSM_CONV of {:?} with weights {:?} cannot give {:?}",
+                sx.ne, c.ne, dst.ne
+            )));
+        }
+        if sx.nb[0] != 4 || c.nb[0] != 4 || sx.nb[1] != sx.ne[0] * 4 {
+            return Err(self.bad("SSM_CONV needs packed rows of sx (and of c's elements)"));
+        }
+        Ok((Kernel::SsmConv, vec![Some(sx), Some(c)], vec![false, false]))
+    }
+
+    /// SSM_SCAN (`ggml_ssm_scan`): `s {d_state, head_dim, n_head, n_rs}`,
+    /// `x {head_dim, n_head, n_t, n_s}`, `dt {n_head, n_t, n_s}`, `A {1 or d_state, n_head}`,
+    /// `B`, `C {d_state, n_group, n_t, n_s}`, `ids {n_s}` (I32, which state of `s` each
+    /// sequence starts from: checked at run time) give a 1-D F32 tensor of the outputs (`x`'s
+    /// shape) followed by `K` states per sequence.
+    #[allow(clippy::type_complexity)]
+    fn ssm_scan(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let [s, x, dt, a, b, c, ids] = [0, 1, 2, 3, 4, 5, 6].map(|slot| self.need(slot));
+        let (s, x, dt, a, b, c, ids) = (s?, x?, dt?, a?, b?, c?, ids?);
+        if ids.type_id != ty::I32 {
+            return Err(self.bad("sequence ids must be I32"));
+        }
+        if [&s, &x, &dt, &a, &b, &c, dst]
+            .iter()
+            .any(|t| t.type_id != ty::F32)
+        {
+            return Err(self.refuse("SSM_SCAN takes and gives F32"));
+        }
+        let snapshots = usize::try_from(self.param(0))
+            .ok()
+            .filter(|&k| k >= 1)
+            .ok_or_else(|| self.bad("K (op_params[0]) must be at least 1"))?;
+        let (d_state, head_dim, n_head, n_tokens, n_seqs) =
+            (s.ne[0], x.ne[0], x.ne[1], x.ne[2], x.ne[3]);
+        let n_group = b.ne[1];
+        let shapes = dt.ne == [n_head, n_tokens, n_seqs, 1]
+            && s.ne[1] == head_dim
+            && s.ne[2] == n_head
+            && b.same_shape(&c)
+            && b.ne[0] == d_state
+            && b.ne[2] == n_tokens
+            && b.ne[3] == n_seqs
+            && d_state > 0
+            && n_group > 0
+            && n_head.is_multiple_of(n_group)
+            && ids.ne == [n_seqs, 1, 1, 1]
+            && a.ne[1] == n_head
+            && a.ne[2] == 1
+            && a.ne[3] == 1
+            && (a.ne[0] == 1 || (a.ne[0] == d_state && snapshots == 1));
+        if !shapes {
+            return Err(self.bad(format!(
+                "SSM_SCAN of s {:?}, x {:?}, dt {:?}, A {:?}, B {:?}, C {:?}, ids {:?} with K = {snapshots}",
+                s.ne, x.ne, dt.ne, a.ne, b.ne, c.ne, ids.ne
+            )));
+        }
+        let total = [d_state, head_dim, n_head, n_seqs]
+            .iter()
+            .try_fold(snapshots, |n, &d| n.checked_mul(d))
+            .and_then(|states| states.checked_add(x.elements()));
+        if total.is_none_or(|total| dst.ne != [total, 1, 1, 1]) {
+            return Err(self.bad(format!(
+                "SSM_SCAN of x {:?} and s {:?} with K = {snapshots} cannot give {:?}",
+                x.ne, s.ne, dst.ne
+            )));
+        }
+        // the layouts ggml asserts (its kernel walks them as packed runs)
+        let packed_rows = |t: &Layout| t.nb[0] == 4 && t.nb[1] == t.ne[0] * 4;
+        let strides = s.is_contiguous()
+            && dt.is_contiguous()
+            && a.is_contiguous()
+            && packed_rows(&x)
+            && packed_rows(&b)
+            && packed_rows(&c)
+            && ids.nb[0] == 4;
+        if !strides {
+            return Err(
+                self.bad("SSM_SCAN needs contiguous s, dt and A, packed rows of x, B and C")
+            );
+        }
+        Ok((
+            Kernel::SsmScan { snapshots },
+            [s, x, dt, a, b, c, ids].map(Some).to_vec(),
+            vec![false; 7],
+        ))
+    }
+
+    /// RWKV_WKV6 / RWKV_WKV7 / GATED_LINEAR_ATTN (`ggml_rwkv_wkv6`, `ggml_rwkv_wkv7`,
+    /// `ggml_gated_linear_attn`): contiguous F32 sources, the per-token ones
+    /// `{S, H, n_tokens}`, RWKV 6's `time_first` `S * H` values, the state `S * S * H` values per
+    /// sequence (`state.ne1` sequences, which share the tokens evenly), giving
+    /// `{S * H, n_tokens + S * n_seqs}`: the outputs, then the final states.
+    #[allow(clippy::type_complexity)]
+    fn wkv(&self, dst: &Layout, op: WkvOp) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let count = match op {
+            WkvOp::Rwkv6 => 6,
+            WkvOp::Rwkv7 => 7,
+            WkvOp::GatedLinearAttn { .. } => 5,
+        };
+        let srcs = (0..count)
+            .map(|slot| self.need(slot))
+            .collect::<Result<Vec<_>>>()?;
+        if srcs.iter().chain([dst]).any(|t| t.type_id != ty::F32) {
+            return Err(self.refuse("linear-attention recurrences take and give F32"));
+        }
+        if !srcs.iter().all(Layout::is_contiguous) {
+            return Err(self.bad("linear-attention recurrences need contiguous sources"));
+        }
+        // k sets the sizes (slot 0 in RWKV 6 and GLA, 2 in RWKV 7); the state is last
+        let key = if op == WkvOp::Rwkv7 { 2 } else { 0 };
+        let (head_size, heads, tokens) = (srcs[key].ne[0], srcs[key].ne[1], srcs[key].ne[2]);
+        let state = srcs[count - 1];
+        let n_seqs = state.ne[1];
+        let per_token = [head_size, heads, tokens, 1];
+        let token_inputs_fit =
+            srcs[..count - 1]
+                .iter()
+                .enumerate()
+                .all(|(slot, t)| match (op, slot) {
+                    // RWKV 6's time_first: one value per head and key, read flat
+                    (WkvOp::Rwkv6, 3) => t.elements() == head_size * heads,
+                    _ => t.ne == per_token,
+                });
+        let state_len = [head_size, head_size, heads, n_seqs]
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        let rows = head_size
+            .checked_mul(n_seqs)
+            .and_then(|n| n.checked_add(tokens));
+        let shapes = token_inputs_fit
+            && n_seqs > 0
+            && tokens.is_multiple_of(n_seqs)
+            && state_len == Some(state.elements())
+            && rows.is_some_and(|rows| dst.ne == [head_size * heads, rows, 1, 1]);
+        if !shapes {
+            let ne: Vec<_> = srcs.iter().map(|t| t.ne).collect();
+            return Err(self.bad(format!(
+                "sources {ne:?} cannot give {:?} (S = {head_size}, H = {heads}, {tokens} tokens, {n_seqs} sequences)",
+                dst.ne
+            )));
+        }
+        let in_place = vec![false; count];
+        Ok((
+            Kernel::Wkv(op),
+            srcs.into_iter().map(Some).collect(),
+            in_place,
+        ))
     }
 }

@@ -24,10 +24,10 @@ const BUFFER_SIZE: u64 = 256 << 20;
 // --- harness -------------------------------------------------------------------------------
 
 /// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
+    pub(super) fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
@@ -47,7 +47,7 @@ impl Rng {
         (self.next() % n as u64) as usize
     }
 
-    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(super) fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.f32() * scale).collect()
     }
 }
@@ -57,7 +57,7 @@ fn type_size(type_id: u32) -> (usize, usize) {
     (info.block_size as usize, info.type_size as usize)
 }
 
-fn contiguous_nb(type_id: u32, ne: [usize; 4]) -> [usize; 4] {
+pub(super) fn contiguous_nb(type_id: u32, ne: [usize; 4]) -> [usize; 4] {
     let (block, size) = type_size(type_id);
     let nb1 = ne[0] / block * size;
     [size, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2]]
@@ -91,7 +91,7 @@ fn encode_values(type_id: u32, values: &[f32]) -> Vec<u8> {
 }
 
 /// One graph in one buffer.
-struct G {
+pub(super) struct G {
     pool: BufferPool,
     buffer: BufferId,
     image: Vec<u8>,
@@ -100,7 +100,7 @@ struct G {
 }
 
 impl G {
-    fn new() -> G {
+    pub(super) fn new() -> G {
         let pool = BufferPool::default();
         let buffer = pool.alloc(BUFFER_SIZE).expect("test buffer");
         G {
@@ -171,12 +171,12 @@ impl G {
     }
 
     /// A contiguous leaf of F32/F16/BF16/I32 values.
-    fn input(&mut self, type_id: u32, ne: [usize; 4], values: &[f32]) -> TensorIndex {
+    pub(super) fn input(&mut self, type_id: u32, ne: [usize; 4], values: &[f32]) -> TensorIndex {
         assert_eq!(values.len(), ne.iter().product::<usize>());
         self.input_bytes(type_id, ne, &encode_values(type_id, values))
     }
 
-    fn ids(&mut self, type_id: u32, ne: [usize; 4], ids: &[i64]) -> TensorIndex {
+    pub(super) fn ids(&mut self, type_id: u32, ne: [usize; 4], ids: &[i64]) -> TensorIndex {
         let bytes: Vec<u8> = ids
             .iter()
             .flat_map(|&i| {
@@ -198,7 +198,7 @@ impl G {
     }
 
     /// A layout-only view of `of` (`ggml_view_4d`), not a node.
-    fn view(
+    pub(super) fn view(
         &mut self,
         of: TensorIndex,
         ne: [usize; 4],
@@ -243,7 +243,7 @@ impl G {
     }
 
     /// A computed node with fresh contiguous storage.
-    fn node(
+    pub(super) fn node(
         &mut self,
         op: Op,
         type_id: u32,
@@ -307,12 +307,12 @@ impl G {
         self.pool.with_region(at, len, <[u8]>::to_vec)
     }
 
-    fn run(&self, threads: usize) -> Result<Vec<u8>> {
+    pub(super) fn run(&self, threads: usize) -> Result<Vec<u8>> {
         self.run_graph(&self.graph(), threads)
     }
 
     /// The values of tensor `t` in logical order, from `bytes` (a result of `run`).
-    fn read(&self, bytes: &[u8], t: TensorIndex) -> Vec<f32> {
+    pub(super) fn read(&self, bytes: &[u8], t: TensorIndex) -> Vec<f32> {
         let g = &self.tensors[t as usize];
         let r = &g.record;
         let base = g.location.expect("stored").offset as usize;
@@ -363,7 +363,7 @@ fn f(v: f32) -> i32 {
 
 /// Normalized mean squared error, as test-backend-ops measures it; NaN positions must agree.
 #[track_caller]
-fn assert_close(got: &[f32], want: &[f64], tolerance: f64, what: &str) {
+pub(super) fn assert_close(got: &[f32], want: &[f64], tolerance: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut err, mut norm) = (0.0f64, 0.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -2414,7 +2414,7 @@ fn diag_mask_inf_in_place() {
 
 /// Runs the graph, expects `kind`, and checks that no byte of the buffer changed.
 #[track_caller]
-fn assert_refused(g: &G, kind: ErrorKind) {
+pub(super) fn assert_refused(g: &G, kind: ErrorKind) {
     let error = g.run(2).unwrap_err();
     assert_eq!(error.kind(), kind, "{error}");
     let bytes = g
@@ -2728,7 +2728,7 @@ fn custom_and_unimplemented_ops_are_refused() {
     for op in [
         Op::CONV_2D,
         Op::IM2COL,
-        Op::SSM_SCAN,
+        Op::WIN_PART,
         Op::OPT_STEP_ADAMW,
         Op(1000),
     ] {

@@ -13,6 +13,8 @@
 //! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
 //! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
 //! | `attention.rs` | FLASH_ATTN_EXT |
+//! | `ssm.rs` | SSM_CONV, SSM_SCAN (Mamba 1 and 2) |
+//! | `rwkv.rs` | RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -32,7 +34,9 @@ mod norm;
 mod reduce;
 mod rope;
 mod rows;
+mod rwkv;
 mod softmax;
+mod ssm;
 mod unary;
 
 #[cfg(test)]
@@ -104,6 +108,9 @@ pub(crate) fn execute(
             max_bias,
             softcap,
         } => attention::flash_attn(&node, dst, scale, max_bias, softcap),
+        Kernel::SsmConv => ssm::ssm_conv(&node, dst),
+        Kernel::SsmScan { snapshots } => ssm::ssm_scan(&node, dst, snapshots),
+        Kernel::Wkv(op) => rwkv::wkv(&node, dst, op),
     }
 }
 
