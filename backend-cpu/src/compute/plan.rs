@@ -1333,13 +1333,15 @@ impl Checker<'_> {
         let state = srcs[count - 1];
         let n_seqs = state.ne[1];
         let per_token = [head_size, heads, tokens, 1];
+        // an empty k passes the buffer check whatever its sizes: their products are checked
+        let width = head_size.checked_mul(heads);
         let token_inputs_fit =
             srcs[..count - 1]
                 .iter()
                 .enumerate()
                 .all(|(slot, t)| match (op, slot) {
                     // RWKV 6's time_first: one value per head and key, read flat
-                    (WkvOp::Rwkv6, 3) => t.elements() == head_size * heads,
+                    (WkvOp::Rwkv6, 3) => Some(t.elements()) == width,
                     _ => t.ne == per_token,
                 });
         let state_len = [head_size, head_size, heads, n_seqs]
@@ -1352,7 +1354,9 @@ impl Checker<'_> {
             && n_seqs > 0
             && tokens.is_multiple_of(n_seqs)
             && state_len == Some(state.elements())
-            && rows.is_some_and(|rows| dst.ne == [head_size * heads, rows, 1, 1]);
+            && width
+                .zip(rows)
+                .is_some_and(|(width, rows)| dst.ne == [width, rows, 1, 1]);
         if !shapes {
             let ne: Vec<_> = srcs.iter().map(|t| t.ne).collect();
             return Err(self.bad(format!(

@@ -46,7 +46,15 @@ pub(crate) struct Layout {
 impl Layout {
     /// Number of elements.
     pub(crate) fn elements(&self) -> usize {
-        self.ne.iter().product()
+        // An empty tensor passes the buffer check whatever its other sizes, so their product
+        // may not fit: it has no elements, and a non-empty one fits in its buffer.
+        if self.is_empty() {
+            return 0;
+        }
+        self.ne
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .unwrap_or(usize::MAX)
     }
 
     /// Whether the tensor has no elements.
@@ -451,6 +459,25 @@ mod tests {
         for bits in [0u16, 1, 0x3555, 0x7bff, 0x8001, 0xfbff] {
             assert_eq!(f32_to_f16(f16_to_f32(bits)), bits);
         }
+    }
+
+    #[test]
+    fn an_empty_tensor_has_no_elements_whatever_its_other_sizes() {
+        let mut l = Layout {
+            at: None,
+            size: 0,
+            type_id: ty::F32,
+            block: 1,
+            type_size: 4,
+            ne: [1 << 40, 1 << 40, 0, 1],
+            nb: [4, 4, 4, 4],
+        };
+        // the product of the other sizes overflows; an empty tensor still has 0 elements
+        assert_eq!(l.elements(), 0);
+        l.ne = [3, 5, 7, 2];
+        assert_eq!(l.elements(), 210);
+        l.ne = [1 << 40, 1 << 40, 1, 1];
+        assert_eq!(l.elements(), usize::MAX, "saturates instead of wrapping");
     }
 
     #[test]
