@@ -78,3 +78,5 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gdn;

@@ -24,10 +24,10 @@ const BUFFER_SIZE: u64 = 256 << 20;
 // --- harness -------------------------------------------------------------------------------
 
 /// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
+    pub(super) fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
@@ -39,15 +39,15 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
+    pub(super) fn f32(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 
-    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(super) fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.f32() * scale).collect()
     }
 }
@@ -57,7 +57,7 @@ fn type_size(type_id: u32) -> (usize, usize) {
     (info.block_size as usize, info.type_size as usize)
 }
 
-fn contiguous_nb(type_id: u32, ne: [usize; 4]) -> [usize; 4] {
+pub(super) fn contiguous_nb(type_id: u32, ne: [usize; 4]) -> [usize; 4] {
     let (block, size) = type_size(type_id);
     let nb1 = ne[0] / block * size;
     [size, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2]]
@@ -91,16 +91,16 @@ fn encode_values(type_id: u32, values: &[f32]) -> Vec<u8> {
 }
 
 /// One graph in one buffer.
-struct G {
+pub(super) struct G {
     pool: BufferPool,
     buffer: BufferId,
     image: Vec<u8>,
-    tensors: Vec<GraphTensor>,
+    pub(super) tensors: Vec<GraphTensor>,
     nodes: Vec<TensorIndex>,
 }
 
 impl G {
-    fn new() -> G {
+    pub(super) fn new() -> G {
         let pool = BufferPool::default();
         let buffer = pool.alloc(BUFFER_SIZE).expect("test buffer");
         G {
@@ -171,7 +171,7 @@ impl G {
     }
 
     /// A contiguous leaf of F32/F16/BF16/I32 values.
-    fn input(&mut self, type_id: u32, ne: [usize; 4], values: &[f32]) -> TensorIndex {
+    pub(super) fn input(&mut self, type_id: u32, ne: [usize; 4], values: &[f32]) -> TensorIndex {
         assert_eq!(values.len(), ne.iter().product::<usize>());
         self.input_bytes(type_id, ne, &encode_values(type_id, values))
     }
@@ -191,14 +191,14 @@ impl G {
     }
 
     /// A zeroed contiguous leaf.
-    fn zeros(&mut self, type_id: u32, ne: [usize; 4]) -> TensorIndex {
+    pub(super) fn zeros(&mut self, type_id: u32, ne: [usize; 4]) -> TensorIndex {
         let record = Self::record(type_id, ne, contiguous_nb(type_id, ne));
         let offset = self.alloc(record.byte_size().unwrap() as usize);
         self.push(record, Some(offset), &[], None)
     }
 
     /// A layout-only view of `of` (`ggml_view_4d`), not a node.
-    fn view(
+    pub(super) fn view(
         &mut self,
         of: TensorIndex,
         ne: [usize; 4],
@@ -214,7 +214,7 @@ impl G {
     }
 
     /// `ggml_permute(of, axes)`: dimension `i` of `of` becomes dimension `axes[i]`.
-    fn permute(&mut self, of: TensorIndex, axes: [usize; 4]) -> TensorIndex {
+    pub(super) fn permute(&mut self, of: TensorIndex, axes: [usize; 4]) -> TensorIndex {
         let r = &self.tensors[of as usize].record;
         let (mut ne, mut nb) = ([0usize; 4], [0usize; 4]);
         for i in 0..4 {
@@ -243,7 +243,7 @@ impl G {
     }
 
     /// A computed node with fresh contiguous storage.
-    fn node(
+    pub(super) fn node(
         &mut self,
         op: Op,
         type_id: u32,
@@ -260,7 +260,7 @@ impl G {
 
     /// A computed node writing into the bytes (and layout) of `target`: in-place ops, CPY,
     /// SET_ROWS.
-    fn node_into(
+    pub(super) fn node_into(
         &mut self,
         op: Op,
         target: TensorIndex,
@@ -307,12 +307,12 @@ impl G {
         self.pool.with_region(at, len, <[u8]>::to_vec)
     }
 
-    fn run(&self, threads: usize) -> Result<Vec<u8>> {
+    pub(super) fn run(&self, threads: usize) -> Result<Vec<u8>> {
         self.run_graph(&self.graph(), threads)
     }
 
     /// The values of tensor `t` in logical order, from `bytes` (a result of `run`).
-    fn read(&self, bytes: &[u8], t: TensorIndex) -> Vec<f32> {
+    pub(super) fn read(&self, bytes: &[u8], t: TensorIndex) -> Vec<f32> {
         let g = &self.tensors[t as usize];
         let r = &g.record;
         let base = g.location.expect("stored").offset as usize;
@@ -340,7 +340,7 @@ impl G {
     }
 
     /// The raw bytes of a contiguous tensor.
-    fn raw(&self, bytes: &[u8], t: TensorIndex) -> Vec<u8> {
+    pub(super) fn raw(&self, bytes: &[u8], t: TensorIndex) -> Vec<u8> {
         let g = &self.tensors[t as usize];
         let base = g.location.expect("stored").offset as usize;
         bytes[base..base + g.byte_size as usize].to_vec()
@@ -357,13 +357,13 @@ type BadGraph = (&'static str, Box<dyn Fn(&mut G)>);
 /// No tensor in a source slot.
 const NONE: TensorIndex = TensorIndex::MAX;
 
-fn f(v: f32) -> i32 {
+pub(super) fn f(v: f32) -> i32 {
     v.to_bits() as i32
 }
 
 /// Normalized mean squared error, as test-backend-ops measures it; NaN positions must agree.
 #[track_caller]
-fn assert_close(got: &[f32], want: &[f64], tolerance: f64, what: &str) {
+pub(super) fn assert_close(got: &[f32], want: &[f64], tolerance: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut err, mut norm) = (0.0f64, 0.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -2414,7 +2414,7 @@ fn diag_mask_inf_in_place() {
 
 /// Runs the graph, expects `kind`, and checks that no byte of the buffer changed.
 #[track_caller]
-fn assert_refused(g: &G, kind: ErrorKind) {
+pub(super) fn assert_refused(g: &G, kind: ErrorKind) {
     let error = g.run(2).unwrap_err();
     assert_eq!(error.kind(), kind, "{error}");
     let bytes = g

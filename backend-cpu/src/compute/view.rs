@@ -89,7 +89,6 @@ impl Layout {
 
     /// ggml's `ggml_is_contiguous`: the tensor is one packed run in row-major order (strides of
     /// dimensions with one element are ignored).
-    #[cfg(test)]
     pub(crate) fn is_contiguous(&self) -> bool {
         let mut next = self.type_size;
         for d in 0..4 {

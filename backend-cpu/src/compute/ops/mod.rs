@@ -13,6 +13,8 @@
 //! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
 //! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
 //! | `attention.rs` | FLASH_ATTN_EXT |
+//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI |
+//! | `delta_net.rs` | GATED_DELTA_NET |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -22,6 +24,7 @@
 
 mod attention;
 mod copy;
+mod delta_net;
 mod elementwise;
 // FLASH_ATTN_EXT's accumulators, with runtime-detected AVX2/FMA/F16C loops (see its docs).
 #[allow(unsafe_code)]
@@ -32,6 +35,7 @@ mod norm;
 mod reduce;
 mod rope;
 mod rows;
+mod scan;
 mod softmax;
 mod unary;
 
@@ -104,6 +108,11 @@ pub(crate) fn execute(
             max_bias,
             softcap,
         } => attention::flash_attn(&node, dst, scale, max_bias, softcap),
+        Kernel::CumSum => scan::cumsum(&node, dst),
+        Kernel::Tri(keep) => scan::tri(&node, dst, keep),
+        Kernel::Fill { value } => scan::fill(&node, dst, value),
+        Kernel::SolveTri => scan::solve_tri(&node, dst),
+        Kernel::GatedDeltaNet { snapshots } => delta_net::gated_delta_net(&node, dst, snapshots),
     }
 }
 
