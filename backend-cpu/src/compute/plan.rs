@@ -145,6 +145,37 @@ pub(crate) enum Kernel {
         /// the state `s` tokens before the last.
         snapshots: usize,
     },
+    /// PAD: zeros (or, circular, the source wrapped around) before and after each dimension.
+    Pad(PadParams),
+    /// ROLL: each dimension rotated by its shift (element `i` goes to `i + shift`, wrapped).
+    Roll {
+        /// The shift of each dimension, each less than its size in magnitude.
+        shifts: [i64; 4],
+    },
+    /// ARANGE: `start + step * i` for element `i` (flat order); no source.
+    Arange {
+        /// The first value.
+        start: f32,
+        /// The increment.
+        step: f32,
+    },
+    /// TIMESTEP_EMBEDDING: row `i` holds `cos` then `sin` of timestep `i` times `dim / 2`
+    /// geometric frequencies.
+    TimestepEmbedding {
+        /// The embedding width (`op_params[0]`, the destination's `ne0`).
+        dim: usize,
+        /// The longest period (`op_params[1]`).
+        max_period: i32,
+    },
+}
+
+/// PAD's parameters (`op_params` 0..=8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PadParams {
+    /// Elements added before each dimension (`lp0, lp1, lp2, lp3`).
+    pub before: [i64; 4],
+    /// Wrap around the source (a torus) instead of padding with zeros.
+    pub circular: bool,
 }
 
 /// Which elements TRI keeps: element (column `i0`, row `i1`) is kept when the comparison of
@@ -828,6 +859,62 @@ impl Checker<'_> {
             }
             Op::SOLVE_TRI => self.solve_tri(dst),
             Op::GATED_DELTA_NET => self.gated_delta_net(dst),
+            Op::PAD => self.pad(dst),
+            Op::ROLL => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("ROLL takes and gives F32"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if !a.dense_rows() {
+                    return Err(self.bad("ROLL needs rows of adjacent elements"));
+                }
+                let shifts = [0, 1, 2, 3].map(|d| i64::from(self.param(d)));
+                // ggml asserts |shift| < ne in every dimension
+                if (0..4).any(|d| shifts[d].unsigned_abs() >= a.ne[d] as u64) {
+                    return Err(self.bad(format!("shifts {shifts:?} for {:?}", a.ne)));
+                }
+                one(Kernel::Roll { shifts }, a, false)
+            }
+            Op::ARANGE => {
+                if dst.type_id != ty::F32 {
+                    return Err(self.refuse("ARANGE gives F32"));
+                }
+                let (start, stop, step) = (self.fparam(0), self.fparam(1), self.fparam(2));
+                // ggml's count, in f32 (a NaN count matches nothing)
+                let steps = ((stop - start) / step).ceil();
+                if !(steps >= 0.0 && steps as f64 == dst.elements() as f64) {
+                    return Err(self.bad(format!(
+                        "{} elements for arange({start}, {stop}, {step})",
+                        dst.elements()
+                    )));
+                }
+                Ok((Kernel::Arange { start, step }, Vec::new(), Vec::new()))
+            }
+            Op::TIMESTEP_EMBEDDING => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("TIMESTEP_EMBEDDING takes and gives F32"));
+                }
+                if !a.dense_rows() {
+                    return Err(self.bad("the timesteps must be adjacent elements"));
+                }
+                let dim = usize::try_from(self.param(0)).map_err(|_| self.bad("negative dim"))?;
+                if dst.ne != [dim, a.ne[0], 1, 1] {
+                    return Err(self.bad(format!(
+                        "embeddings {:?} of {} timesteps are not [{dim}, {}]",
+                        dst.ne, a.ne[0], a.ne[0]
+                    )));
+                }
+                Ok((
+                    Kernel::TimestepEmbedding {
+                        dim,
+                        max_period: self.param(1),
+                    },
+                    vec![Some(a)],
+                    vec![false],
+                ))
+            }
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }
@@ -1224,6 +1311,34 @@ impl Checker<'_> {
             },
             vec![Some(q), Some(k), Some(v), mask, sinks],
             vec![false; 5],
+        ))
+    }
+
+    /// PAD: `dst.ne[d] = ne[d] + before[d] + after[d]` in every dimension (pads may be
+    /// negative: a crop); circular padding wraps around a non-empty source.
+    #[allow(clippy::type_complexity)]
+    fn pad(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("PAD takes and gives F32"));
+        }
+        let before = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d)));
+        let after = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d + 1)));
+        let fits = (0..4).all(|d| a.ne[d] as i64 + before[d] + after[d] == dst.ne[d] as i64);
+        if !fits {
+            return Err(self.bad(format!(
+                "{:?} padded by {before:?} / {after:?} is not {:?}",
+                a.ne, dst.ne
+            )));
+        }
+        let circular = self.param(8) != 0;
+        if circular && a.is_empty() {
+            return Err(self.bad("circular padding of an empty tensor"));
+        }
+        Ok((
+            Kernel::Pad(PadParams { before, circular }),
+            vec![Some(a)],
+            vec![false],
         ))
     }
 

@@ -1,4 +1,5 @@
-//! Tests of CUMSUM, TRI, FILL, SOLVE_TRI and GATED_DELTA_NET: each against a naive f64
+//! Tests of CUMSUM, TRI, FILL, SOLVE_TRI, GATED_DELTA_NET, PAD, ROLL, ARANGE and
+//! TIMESTEP_EMBEDDING: each against a naive f64
 //! reference written here, on several shapes and non-contiguous sources where the op takes
 //! them; thread-count independence; and the refusal of malformed shapes (before anything is
 //! written). The harness is [`super::tests`]'s.
@@ -505,9 +506,34 @@ fn thread_count_does_not_change_a_byte_of_these_ops() {
     let solved = g.node(Op::SOLVE_TRI, ty::F32, b_ne, &[ta, tb], &[]);
     let sum = g.node(Op::CUMSUM, ty::F32, b_ne, &[solved], &[]);
     let filled = g.node(Op::FILL, ty::F32, ne, &[tri], &[f(0.5)]);
+    let padded = g.node(
+        Op::PAD,
+        ty::F32,
+        [67, 66, 4, 2],
+        &[tri],
+        &[1, 2, 0, 2, 1, 0, 0, 0, 1],
+    );
+    let rolled = g.node(Op::ROLL, ty::F32, ne, &[tri], &[5, -7, 1, 0]);
+    let range = g.node(
+        Op::ARANGE,
+        ty::F32,
+        [4096, 1, 1, 1],
+        &[],
+        &[f(0.0), f(2048.0), f(0.5)],
+    );
+    let t = g.input(ty::F32, [33, 1, 1, 1], &rng.values(33, 100.0));
+    let embedded = g.node(
+        Op::TIMESTEP_EMBEDDING,
+        ty::F32,
+        [65, 33, 1, 1],
+        &[t],
+        &[65, 10000],
+    );
     let one = g.run(1).unwrap();
     let three = g.run(3).unwrap();
-    for t in [delta, tri, solved, sum, filled] {
+    for t in [
+        delta, tri, solved, sum, filled, padded, rolled, range, embedded,
+    ] {
         assert_eq!(g.raw(&one, t), g.raw(&three, t), "tensor {t}");
     }
 }
@@ -717,4 +743,335 @@ fn set_src(g: &mut G, node: TensorIndex, slot: usize, src: TensorIndex) {
     let t = &mut g.tensors[node as usize];
     t.src[slot] = Some(src);
     t.record.src[slot] = u64::from(src) + 1;
+}
+
+// --- PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING ----------------------------------------------------
+
+/// The values of a source of shape `ne` as a test reads them: logical order, optionally
+/// through a view whose rows are out of order.
+fn source(g: &mut G, ne: [usize; 4], values: &[f32], permuted: bool) -> TensorIndex {
+    if permuted {
+        swapped_rows(g, ne, values)
+    } else {
+        g.input(ty::F32, ne, values)
+    }
+}
+
+fn every(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    rows(ne).flat_map(move |[i1, i2, i3]| (0..ne[0]).map(move |i0| [i0, i1, i2, i3]))
+}
+
+/// Source shape, pads before and after each dimension, circular.
+type PadCase = ([usize; 4], [i64; 4], [i64; 4], bool);
+
+#[test]
+fn pad_with_zeros_or_wrapped_around_over_permuted_sources() {
+    let mut rng = Rng::new(81);
+    let cases: [PadCase; 6] = [
+        ([5, 4, 3, 2], [1, 0, 2, 1], [2, 1, 0, 1], false),
+        ([5, 4, 3, 2], [1, 0, 2, 1], [2, 1, 0, 1], true),
+        ([7, 3, 1, 1], [0, 0, 0, 0], [3, 2, 0, 0], false),
+        ([4, 4, 2, 1], [6, 5, 0, 0], [1, 0, 0, 0], true),
+        // a negative pad crops
+        ([6, 5, 1, 1], [-1, 0, 0, 0], [2, -2, 0, 0], false),
+        ([1, 1, 1, 1], [2, 1, 1, 1], [1, 2, 0, 0], false),
+    ];
+    for (ne, before, after, circular) in cases {
+        for permuted in [false, true] {
+            let values = rng.values(ne.iter().product(), 1.0);
+            let dst_ne: [usize; 4] =
+                std::array::from_fn(|d| (ne[d] as i64 + before[d] + after[d]) as usize);
+            let mut params = [0i32; 9];
+            for d in 0..4 {
+                params[2 * d] = before[d] as i32;
+                params[2 * d + 1] = after[d] as i32;
+            }
+            params[8] = i32::from(circular);
+            let mut g = G::new();
+            let a = source(&mut g, ne, &values, permuted);
+            let padded = g.node(Op::PAD, ty::F32, dst_ne, &[a], &params);
+            let out = g.run(3).unwrap();
+            let want: Vec<f64> = every(dst_ne)
+                .map(|i| {
+                    let mut j = [0usize; 4];
+                    for d in 0..4 {
+                        let k = i[d] as i64 - before[d];
+                        let n = ne[d] as i64;
+                        let k = if circular { k.rem_euclid(n) } else { k };
+                        if k < 0 || k >= n {
+                            return 0.0;
+                        }
+                        j[d] = k as usize;
+                    }
+                    f64::from(values[at(ne, j)])
+                })
+                .collect();
+            assert_close(
+                &g.read(&out, padded),
+                &want,
+                0.0,
+                &format!("pad {ne:?} {before:?} {after:?} circular={circular} permuted={permuted}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn roll_rotates_every_dimension_of_permuted_sources() {
+    let mut rng = Rng::new(82);
+    let ne = [10, 5, 4, 3];
+    for shifts in [[3, -2, 1, -1], [0, 0, 0, 0], [-9, 4, -3, 2]] {
+        for permuted in [false, true] {
+            let values = rng.values(ne.iter().product(), 1.0);
+            let mut g = G::new();
+            let a = source(&mut g, ne, &values, permuted);
+            let rolled = g.node(Op::ROLL, ty::F32, ne, &[a], &shifts);
+            let out = g.run(3).unwrap();
+            let want: Vec<f64> = every(ne)
+                .map(|i| {
+                    let j: [usize; 4] = std::array::from_fn(|d| {
+                        (i[d] as i64 - i64::from(shifts[d])).rem_euclid(ne[d] as i64) as usize
+                    });
+                    f64::from(values[at(ne, j)])
+                })
+                .collect();
+            assert_close(
+                &g.read(&out, rolled),
+                &want,
+                0.0,
+                &format!("roll {shifts:?} permuted={permuted}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn arange_counts_from_start_by_step() {
+    for (start, stop, step, ne) in [
+        (0.0f32, 10.0f32, 1.0f32, [10, 1, 1, 1]),
+        (0.5, 3.0, 0.25, [10, 1, 1, 1]),
+        (3.0, -1.0, -0.5, [8, 1, 1, 1]),
+        // the count rounds up: 0, 0.75, 1.5
+        (0.0, 2.0, 0.75, [3, 1, 1, 1]),
+        // any shape with the right element count, filled in flat order
+        (1.0, 13.0, 1.0, [3, 2, 2, 1]),
+    ] {
+        let mut g = G::new();
+        let range = g.node(Op::ARANGE, ty::F32, ne, &[], &[f(start), f(stop), f(step)]);
+        let out = g.run(3).unwrap();
+        let n: usize = ne.iter().product();
+        let want: Vec<f64> = (0..n)
+            .map(|i| f64::from(start) + f64::from(step) * i as f64)
+            .collect();
+        assert_close(
+            &g.read(&out, range),
+            &want,
+            0.0,
+            &format!("arange({start}, {stop}, {step})"),
+        );
+    }
+}
+
+#[test]
+fn timestep_embedding_gives_cosines_then_sines() {
+    let mut rng = Rng::new(83);
+    for (dim, max_period, count) in [(320, 10000, 2), (7, 100, 5), (1, 10000, 3), (64, 3, 9)] {
+        let timesteps: Vec<f32> = (0..count).map(|_| (rng.f32() + 1.0) * 5.0).collect();
+        let mut g = G::new();
+        let t = g.input(ty::F32, [count, 1, 1, 1], &timesteps);
+        let embedded = g.node(
+            Op::TIMESTEP_EMBEDDING,
+            ty::F32,
+            [dim, count, 1, 1],
+            &[t],
+            &[dim as i32, max_period],
+        );
+        let out = g.run(3).unwrap();
+        let half = dim / 2;
+        let mut want = vec![0.0f64; dim * count];
+        for (i, &t) in timesteps.iter().enumerate() {
+            for j in 0..half {
+                let freq = (-(f64::from(max_period)).ln() * j as f64 / half as f64).exp();
+                let arg = f64::from(t) * freq;
+                want[i * dim + j] = arg.cos();
+                want[i * dim + half + j] = arg.sin();
+            }
+        }
+        assert_close(
+            &g.read(&out, embedded),
+            &want,
+            1e-10,
+            &format!("timestep_embedding dim={dim}"),
+        );
+    }
+}
+
+#[test]
+fn malformed_generic_ops_are_refused_cleanly() {
+    type Build = Box<dyn Fn(&mut G)>;
+    let ones = |n: usize| vec![1.0f32; n];
+    let invalid: Vec<(&str, Build)> = vec![
+        (
+            "pad into a shape the pads do not give",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F32, [4, 3, 1, 1], &ones(12));
+                g.node(
+                    Op::PAD,
+                    ty::F32,
+                    [6, 3, 1, 1],
+                    &[a],
+                    &[1, 0, 0, 0, 0, 0, 0, 0, 0],
+                );
+            }),
+        ),
+        (
+            "pad with extreme pads (no overflow, no match)",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F32, [4, 1, 1, 1], &ones(4));
+                g.node(
+                    Op::PAD,
+                    ty::F32,
+                    [5, 1, 1, 1],
+                    &[a],
+                    &[i32::MAX, i32::MIN, 0, 0, 0, 0, 0, 0, 0],
+                );
+            }),
+        ),
+        (
+            "roll by a whole dimension",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F32, [4, 3, 1, 1], &ones(12));
+                g.node(Op::ROLL, ty::F32, [4, 3, 1, 1], &[a], &[0, -3, 0, 0]);
+            }),
+        ),
+        (
+            "roll by i32::MIN",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F32, [4, 3, 1, 1], &ones(12));
+                g.node(Op::ROLL, ty::F32, [4, 3, 1, 1], &[a], &[i32::MIN, 0, 0, 0]);
+            }),
+        ),
+        (
+            "roll of a transposed source (strided rows)",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F32, [4, 3, 1, 1], &ones(12));
+                let t = g.permute(a, [1, 0, 2, 3]);
+                g.node(Op::ROLL, ty::F32, [3, 4, 1, 1], &[t], &[1, 1, 0, 0]);
+            }),
+        ),
+        (
+            "arange with another count",
+            Box::new(move |g: &mut G| {
+                g.node(
+                    Op::ARANGE,
+                    ty::F32,
+                    [9, 1, 1, 1],
+                    &[],
+                    &[f(0.0), f(10.0), f(1.0)],
+                );
+            }),
+        ),
+        (
+            "arange with a zero step",
+            Box::new(move |g: &mut G| {
+                g.node(
+                    Op::ARANGE,
+                    ty::F32,
+                    [9, 1, 1, 1],
+                    &[],
+                    &[f(0.0), f(10.0), f(0.0)],
+                );
+            }),
+        ),
+        (
+            "arange with a NaN bound",
+            Box::new(move |g: &mut G| {
+                g.node(
+                    Op::ARANGE,
+                    ty::F32,
+                    [9, 1, 1, 1],
+                    &[],
+                    &[f(0.0), f(f32::NAN), f(1.0)],
+                );
+            }),
+        ),
+        (
+            "timestep embedding of another width",
+            Box::new(move |g: &mut G| {
+                let t = g.input(ty::F32, [3, 1, 1, 1], &ones(3));
+                g.node(
+                    Op::TIMESTEP_EMBEDDING,
+                    ty::F32,
+                    [8, 3, 1, 1],
+                    &[t],
+                    &[6, 10000],
+                );
+            }),
+        ),
+        (
+            "timestep embedding of other timesteps",
+            Box::new(move |g: &mut G| {
+                let t = g.input(ty::F32, [3, 1, 1, 1], &ones(3));
+                g.node(
+                    Op::TIMESTEP_EMBEDDING,
+                    ty::F32,
+                    [8, 4, 1, 1],
+                    &[t],
+                    &[8, 10000],
+                );
+            }),
+        ),
+        (
+            "timestep embedding of a negative width",
+            Box::new(move |g: &mut G| {
+                let t = g.input(ty::F32, [3, 1, 1, 1], &ones(3));
+                g.node(
+                    Op::TIMESTEP_EMBEDDING,
+                    ty::F32,
+                    [8, 3, 1, 1],
+                    &[t],
+                    &[-8, 10000],
+                );
+            }),
+        ),
+    ];
+    for (what, build) in invalid {
+        let mut g = G::new();
+        build(&mut g);
+        eprintln!("{what}: {}", g.run(1).unwrap_err());
+        assert_refused(&g, ErrorKind::InvalidGraph);
+    }
+    let refused: Vec<(&str, Build)> = vec![
+        (
+            "pad of F16",
+            Box::new(move |g: &mut G| {
+                let a = g.input(ty::F16, [4, 1, 1, 1], &ones(4));
+                g.node(
+                    Op::PAD,
+                    ty::F16,
+                    [5, 1, 1, 1],
+                    &[a],
+                    &[1, 0, 0, 0, 0, 0, 0, 0, 0],
+                );
+            }),
+        ),
+        (
+            "arange into F16",
+            Box::new(move |g: &mut G| {
+                g.node(
+                    Op::ARANGE,
+                    ty::F16,
+                    [10, 1, 1, 1],
+                    &[],
+                    &[f(0.0), f(10.0), f(1.0)],
+                );
+            }),
+        ),
+    ];
+    for (what, build) in refused {
+        let mut g = G::new();
+        build(&mut g);
+        eprintln!("{what}: {}", g.run(1).unwrap_err());
+        assert_refused(&g, ErrorKind::OpRefused);
+    }
 }

@@ -15,6 +15,7 @@
 //! | `attention.rs` | FLASH_ATTN_EXT |
 //! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI |
 //! | `delta_net.rs` | GATED_DELTA_NET |
+//! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -32,6 +33,7 @@ mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
+mod pad;
 mod reduce;
 mod rope;
 mod rows;
@@ -113,6 +115,12 @@ pub(crate) fn execute(
         Kernel::Fill { value } => scan::fill(&node, dst, value),
         Kernel::SolveTri => scan::solve_tri(&node, dst),
         Kernel::GatedDeltaNet { snapshots } => delta_net::gated_delta_net(&node, dst, snapshots),
+        Kernel::Pad(params) => pad::pad(&node, dst, params),
+        Kernel::Roll { shifts } => pad::roll(&node, dst, shifts),
+        Kernel::Arange { start, step } => pad::arange(&node, dst, start, step),
+        Kernel::TimestepEmbedding { dim, max_period } => {
+            pad::timestep_embedding(&node, dst, dim, max_period)
+        }
     }
 }
 
