@@ -461,6 +461,18 @@ fn gated_delta_net_matches_the_delta_rule_in_f64() {
             kda: true,
             ..DELTA_BASE
         },
+        // no token: the single slot is the initial state, several slots stay untouched
+        DeltaCase {
+            tokens: 0,
+            seqs: 2,
+            qk_seqs: 2,
+            ..DELTA_BASE
+        },
+        DeltaCase {
+            tokens: 0,
+            snapshots: 2,
+            ..DELTA_BASE
+        },
     ];
     let mut rng = Rng::new(74);
     let sentinel = 7.25;
