@@ -79,4 +79,6 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_gdn;
+#[cfg(test)]
 mod tests_ssm;

@@ -141,6 +141,45 @@ pub(crate) enum Kernel {
     /// RWKV_WKV6, RWKV_WKV7 and GATED_LINEAR_ATTN: per-head `S x S` linear-attention
     /// recurrences over the tokens of each sequence.
     Wkv(WkvOp),
+    /// CUMSUM: running sum along each row.
+    CumSum,
+    /// TRI: keeps one triangle of each square matrix, zeroes the rest.
+    Tri(TriKeep),
+    /// FILL: every element set to `value` (the source's values are not read).
+    Fill {
+        /// The value (rounded to f16 for an F16 destination).
+        value: f32,
+    },
+    /// SOLVE_TRI: `X` with `A X = B`, `A` lower triangular, by forward substitution.
+    SolveTri,
+    /// GATED_DELTA_NET: the gated delta rule over each (head, sequence) token by token.
+    GatedDeltaNet {
+        /// Snapshot slots of the destination (`op_params[0]`, at least 1): slot `s` holds
+        /// the state `s` tokens before the last.
+        snapshots: usize,
+    },
+    /// PAD: zeros (or, circular, the source wrapped around) before and after each dimension.
+    Pad(PadParams),
+    /// ROLL: each dimension rotated by its shift (element `i` goes to `i + shift`, wrapped).
+    Roll {
+        /// The shift of each dimension, each less than its size in magnitude.
+        shifts: [i64; 4],
+    },
+    /// ARANGE: `start + step * i` for element `i` (flat order); no source.
+    Arange {
+        /// The first value.
+        start: f32,
+        /// The increment.
+        step: f32,
+    },
+    /// TIMESTEP_EMBEDDING: row `i` holds `cos` then `sin` of timestep `i` times `dim / 2`
+    /// geometric frequencies.
+    TimestepEmbedding {
+        /// The embedding width (`op_params[0]`, the destination's `ne0`).
+        dim: usize,
+        /// The longest period (`op_params[1]`).
+        max_period: i32,
+    },
 }
 
 /// The linear-attention recurrences of [`Kernel::Wkv`].
@@ -155,6 +194,42 @@ pub(crate) enum WkvOp {
         /// The factor of `q` (`op_params[0]`).
         scale: f32,
     },
+}
+
+/// PAD's parameters (`op_params` 0..=8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PadParams {
+    /// Elements added before each dimension (`lp0, lp1, lp2, lp3`).
+    pub before: [i64; 4],
+    /// Wrap around the source (a torus) instead of padding with zeros.
+    pub circular: bool,
+}
+
+/// Which elements TRI keeps: element (column `i0`, row `i1`) is kept when the comparison of
+/// `i0` with `i1` holds (ggml's `ggml_tri_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TriKeep {
+    /// `GGML_TRI_TYPE_UPPER_DIAG` (0): `i0 >= i1`.
+    UpperDiag,
+    /// `GGML_TRI_TYPE_UPPER` (1): `i0 > i1`.
+    Upper,
+    /// `GGML_TRI_TYPE_LOWER_DIAG` (2): `i0 <= i1`.
+    LowerDiag,
+    /// `GGML_TRI_TYPE_LOWER` (3): `i0 < i1`.
+    Lower,
+}
+
+impl TriKeep {
+    /// Whether element (column `i0`, row `i1`) is kept.
+    #[inline]
+    pub(crate) fn keeps(self, i0: usize, i1: usize) -> bool {
+        match self {
+            TriKeep::UpperDiag => i0 >= i1,
+            TriKeep::Upper => i0 > i1,
+            TriKeep::LowerDiag => i0 <= i1,
+            TriKeep::Lower => i0 < i1,
+        }
+    }
 }
 
 /// The four broadcasting binary ops.
@@ -769,6 +844,114 @@ impl Checker<'_> {
                     scale: self.fparam(0),
                 },
             ),
+            Op::CUMSUM => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("CUMSUM takes and gives F32"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if !a.dense_rows() || !dst.dense_rows() {
+                    return Err(self.bad("CUMSUM needs rows of adjacent elements"));
+                }
+                one(Kernel::CumSum, a, true)
+            }
+            Op::TRI => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("TRI takes and gives F32"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if !a.is_contiguous() || a.ne[0] != a.ne[1] {
+                    return Err(self.bad(format!(
+                        "TRI needs contiguous square matrices, not {:?}",
+                        a.ne
+                    )));
+                }
+                let keep = match self.param(0) {
+                    0 => TriKeep::UpperDiag,
+                    1 => TriKeep::Upper,
+                    2 => TriKeep::LowerDiag,
+                    3 => TriKeep::Lower,
+                    other => return Err(self.bad(format!("unknown triangle type {other}"))),
+                };
+                one(Kernel::Tri(keep), a, true)
+            }
+            Op::FILL => {
+                let a = self.need(0)?;
+                if !matches!(a.type_id, ty::F32 | ty::F16) || dst.type_id != a.type_id {
+                    return Err(self.refuse("FILL takes and gives F32 or F16"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if !a.is_contiguous() {
+                    return Err(self.bad("FILL needs a contiguous source"));
+                }
+                // src0 only gives the shape: the kernel writes without reading it
+                Ok((
+                    Kernel::Fill {
+                        value: self.fparam(0),
+                    },
+                    vec![None],
+                    vec![true],
+                ))
+            }
+            Op::SOLVE_TRI => self.solve_tri(dst),
+            Op::GATED_DELTA_NET => self.gated_delta_net(dst),
+            Op::PAD => self.pad(dst),
+            Op::ROLL => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("ROLL takes and gives F32"));
+                }
+                self.same_shape(&a, dst, "src0 and the destination")?;
+                if !a.dense_rows() {
+                    return Err(self.bad("ROLL needs rows of adjacent elements"));
+                }
+                let shifts = [0, 1, 2, 3].map(|d| i64::from(self.param(d)));
+                // ggml asserts |shift| < ne in every dimension
+                if (0..4).any(|d| shifts[d].unsigned_abs() >= a.ne[d] as u64) {
+                    return Err(self.bad(format!("shifts {shifts:?} for {:?}", a.ne)));
+                }
+                one(Kernel::Roll { shifts }, a, false)
+            }
+            Op::ARANGE => {
+                if dst.type_id != ty::F32 {
+                    return Err(self.refuse("ARANGE gives F32"));
+                }
+                let (start, stop, step) = (self.fparam(0), self.fparam(1), self.fparam(2));
+                // ggml's count, in f32 (a NaN count matches nothing)
+                let steps = ((stop - start) / step).ceil();
+                if !(steps >= 0.0 && steps as f64 == dst.elements() as f64) {
+                    return Err(self.bad(format!(
+                        "{} elements for arange({start}, {stop}, {step})",
+                        dst.elements()
+                    )));
+                }
+                Ok((Kernel::Arange { start, step }, Vec::new(), Vec::new()))
+            }
+            Op::TIMESTEP_EMBEDDING => {
+                let a = self.need(0)?;
+                if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+                    return Err(self.refuse("TIMESTEP_EMBEDDING takes and gives F32"));
+                }
+                if !a.dense_rows() {
+                    return Err(self.bad("the timesteps must be adjacent elements"));
+                }
+                let dim = usize::try_from(self.param(0)).map_err(|_| self.bad("negative dim"))?;
+                if dst.ne != [dim, a.ne[0], 1, 1] {
+                    return Err(self.bad(format!(
+                        "embeddings {:?} of {} timesteps are not [{dim}, {}]",
+                        dst.ne, a.ne[0], a.ne[0]
+                    )));
+                }
+                Ok((
+                    Kernel::TimestepEmbedding {
+                        dim,
+                        max_period: self.param(1),
+                    },
+                    vec![Some(a)],
+                    vec![false],
+                ))
+            }
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }
@@ -1165,6 +1348,123 @@ impl Checker<'_> {
             },
             vec![Some(q), Some(k), Some(v), mask, sinks],
             vec![false; 5],
+        ))
+    }
+
+    /// PAD: `dst.ne[d] = ne[d] + before[d] + after[d]` in every dimension (pads may be
+    /// negative: a crop); circular padding wraps around a non-empty source.
+    #[allow(clippy::type_complexity)]
+    fn pad(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("PAD takes and gives F32"));
+        }
+        let before = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d)));
+        let after = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d + 1)));
+        let fits = (0..4).all(|d| a.ne[d] as i64 + before[d] + after[d] == dst.ne[d] as i64);
+        if !fits {
+            return Err(self.bad(format!(
+                "{:?} padded by {before:?} / {after:?} is not {:?}",
+                a.ne, dst.ne
+            )));
+        }
+        let circular = self.param(8) != 0;
+        if circular && a.is_empty() {
+            return Err(self.bad("circular padding of an empty tensor"));
+        }
+        Ok((
+            Kernel::Pad(PadParams { before, circular }),
+            vec![Some(a)],
+            vec![false],
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn solve_tri(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        if a.type_id != ty::F32 || b.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("SOLVE_TRI takes and gives F32"));
+        }
+        let shapes = a.ne[0] == a.ne[1]
+            && a.ne[1] == b.ne[1]
+            && a.ne[2] == b.ne[2]
+            && a.ne[3] == b.ne[3]
+            && dst.ne == b.ne;
+        if !shapes {
+            return Err(self.bad(format!(
+                "A {:?} and B {:?} cannot give {:?}",
+                a.ne, b.ne, dst.ne
+            )));
+        }
+        if !a.is_contiguous() || !b.is_contiguous() {
+            return Err(self.bad("SOLVE_TRI needs contiguous A and B"));
+        }
+        Ok((Kernel::SolveTri, vec![Some(a), Some(b)], vec![false, false]))
+    }
+
+    /// GATED_DELTA_NET: q, k, v `[S_v, heads, tokens, seqs]` (q and k with fewer heads or
+    /// sequences, taken modulo and by ratio as ggml does), gate `[1 or S_v, H, T, B]`, beta
+    /// `[1, H, T, B]`, state `[S_v, S_v, H, B]`; the destination holds the outputs
+    /// `[S_v * H, T * B]` followed by `snapshots` states of `S_v` rows per sequence.
+    #[allow(clippy::type_complexity)]
+    fn gated_delta_net(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let srcs = [
+            self.need(0)?,
+            self.need(1)?,
+            self.need(2)?,
+            self.need(3)?,
+            self.need(4)?,
+            self.need(5)?,
+        ];
+        if srcs.iter().any(|s| s.type_id != ty::F32) || dst.type_id != ty::F32 {
+            return Err(self.refuse("GATED_DELTA_NET takes and gives F32"));
+        }
+        let [q, k, v, gate, beta, state] = srcs;
+        let [s_v, heads, tokens, seqs] = v.ne;
+        // q and k: same row length and tokens; heads taken modulo, sequences by ratio
+        let shares = |t: &Layout| {
+            t.ne[0] == s_v
+                && t.ne[2] == tokens
+                && t.ne[1] > 0
+                && t.ne[3] > 0
+                && seqs.is_multiple_of(t.ne[3])
+        };
+        let gate_ok = (gate.ne[0] == 1 || gate.ne[0] == s_v) && gate.ne[1..] == v.ne[1..];
+        let shapes = shares(&q)
+            && shares(&k)
+            && gate_ok
+            && beta.ne == [1, heads, tokens, seqs]
+            && state.ne == [s_v, s_v, heads, seqs];
+        if !shapes {
+            return Err(self.bad(format!(
+                "q {:?}, k {:?}, v {:?}, g {:?}, beta {:?}, state {:?} do not fit",
+                q.ne, k.ne, v.ne, gate.ne, beta.ne, state.ne
+            )));
+        }
+        if !(q.dense_rows() && k.dense_rows() && v.dense_rows()) {
+            return Err(self.bad("q, k and v need rows of adjacent elements"));
+        }
+        if !(gate.is_contiguous() && beta.is_contiguous() && state.is_contiguous()) {
+            return Err(self.bad("g, beta and the state must be contiguous"));
+        }
+        let snapshots = usize::try_from(self.param(0))
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| self.bad(format!("snapshot count {} below 1", self.param(0))))?;
+        let rows = snapshots
+            .checked_mul(s_v)
+            .and_then(|n| n.checked_mul(seqs))
+            .and_then(|n| n.checked_add(tokens.checked_mul(seqs)?));
+        if rows.is_none_or(|rows| dst.ne != [s_v * heads, rows, 1, 1]) {
+            return Err(self.bad(format!(
+                "destination {:?} is not [S_v * H, T * B + {snapshots} * S_v * B]",
+                dst.ne
+            )));
+        }
+        Ok((
+            Kernel::GatedDeltaNet { snapshots },
+            srcs.map(Some).to_vec(),
+            vec![false; 6],
         ))
     }
 

@@ -39,11 +39,11 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
+    pub(super) fn f32(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 
@@ -95,7 +95,7 @@ pub(super) struct G {
     pool: BufferPool,
     buffer: BufferId,
     image: Vec<u8>,
-    tensors: Vec<GraphTensor>,
+    pub(super) tensors: Vec<GraphTensor>,
     nodes: Vec<TensorIndex>,
 }
 
@@ -191,7 +191,7 @@ impl G {
     }
 
     /// A zeroed contiguous leaf.
-    fn zeros(&mut self, type_id: u32, ne: [usize; 4]) -> TensorIndex {
+    pub(super) fn zeros(&mut self, type_id: u32, ne: [usize; 4]) -> TensorIndex {
         let record = Self::record(type_id, ne, contiguous_nb(type_id, ne));
         let offset = self.alloc(record.byte_size().unwrap() as usize);
         self.push(record, Some(offset), &[], None)
@@ -214,7 +214,7 @@ impl G {
     }
 
     /// `ggml_permute(of, axes)`: dimension `i` of `of` becomes dimension `axes[i]`.
-    fn permute(&mut self, of: TensorIndex, axes: [usize; 4]) -> TensorIndex {
+    pub(super) fn permute(&mut self, of: TensorIndex, axes: [usize; 4]) -> TensorIndex {
         let r = &self.tensors[of as usize].record;
         let (mut ne, mut nb) = ([0usize; 4], [0usize; 4]);
         for i in 0..4 {
@@ -260,7 +260,7 @@ impl G {
 
     /// A computed node writing into the bytes (and layout) of `target`: in-place ops, CPY,
     /// SET_ROWS.
-    fn node_into(
+    pub(super) fn node_into(
         &mut self,
         op: Op,
         target: TensorIndex,
@@ -340,7 +340,7 @@ impl G {
     }
 
     /// The raw bytes of a contiguous tensor.
-    fn raw(&self, bytes: &[u8], t: TensorIndex) -> Vec<u8> {
+    pub(super) fn raw(&self, bytes: &[u8], t: TensorIndex) -> Vec<u8> {
         let g = &self.tensors[t as usize];
         let base = g.location.expect("stored").offset as usize;
         bytes[base..base + g.byte_size as usize].to_vec()
@@ -357,7 +357,7 @@ type BadGraph = (&'static str, Box<dyn Fn(&mut G)>);
 /// No tensor in a source slot.
 const NONE: TensorIndex = TensorIndex::MAX;
 
-fn f(v: f32) -> i32 {
+pub(super) fn f(v: f32) -> i32 {
     v.to_bits() as i32
 }
 

@@ -15,6 +15,9 @@
 //! | `attention.rs` | FLASH_ATTN_EXT |
 //! | `ssm.rs` | SSM_CONV, SSM_SCAN (Mamba 1 and 2) |
 //! | `rwkv.rs` | RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN |
+//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI |
+//! | `delta_net.rs` | GATED_DELTA_NET |
+//! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -24,6 +27,7 @@
 
 mod attention;
 mod copy;
+mod delta_net;
 mod elementwise;
 // FLASH_ATTN_EXT's accumulators, with runtime-detected AVX2/FMA/F16C loops (see its docs).
 #[allow(unsafe_code)]
@@ -31,10 +35,12 @@ mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
+mod pad;
 mod reduce;
 mod rope;
 mod rows;
 mod rwkv;
+mod scan;
 mod softmax;
 mod ssm;
 mod unary;
@@ -111,6 +117,17 @@ pub(crate) fn execute(
         Kernel::SsmConv => ssm::ssm_conv(&node, dst),
         Kernel::SsmScan { snapshots } => ssm::ssm_scan(&node, dst, snapshots),
         Kernel::Wkv(op) => rwkv::wkv(&node, dst, op),
+        Kernel::CumSum => scan::cumsum(&node, dst),
+        Kernel::Tri(keep) => scan::tri(&node, dst, keep),
+        Kernel::Fill { value } => scan::fill(&node, dst, value),
+        Kernel::SolveTri => scan::solve_tri(&node, dst),
+        Kernel::GatedDeltaNet { snapshots } => delta_net::gated_delta_net(&node, dst, snapshots),
+        Kernel::Pad(params) => pad::pad(&node, dst, params),
+        Kernel::Roll { shifts } => pad::roll(&node, dst, shifts),
+        Kernel::Arange { start, step } => pad::arange(&node, dst, start, step),
+        Kernel::TimestepEmbedding { dim, max_period } => {
+            pad::timestep_embedding(&node, dst, dim, max_period)
+        }
     }
 }
 
