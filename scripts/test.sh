@@ -37,11 +37,12 @@ cargo nextest run --workspace --no-fail-fast
 cargo test --workspace --doc
 
 step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation"
-# Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases) whose
-# types are all among the supported ones, against llama.cpp's CPU backend; then greedy
+# Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases), and of
+# every further op the CPU backend implements ("extra"), whose types are all among the
+# supported ones, against llama.cpp's CPU backend; then greedy
 # generation on tiny F32/F16/Q8_0/Q4_0/Q4_K models through our server, the reference server
 # and CPU only, flash attention off and on: identical tokens required.
-bash scripts/conformance/test-backend-ops.sh --ops default,fused --scope listed --case-timeout 600
+bash scripts/conformance/test-backend-ops.sh --ops default,fused,extra --scope listed --case-timeout 600
 bash scripts/conformance/e2e.sh --strict
 
 step "fuzz (${FUZZ_SECONDS}s per target)"

@@ -10,7 +10,9 @@
 #   --endpoint H:P     use a server that is already running (no restarts after crashes)
 #   --ops LIST         comma list of test-backend-ops op names and groups: default,
 #                      UNARY (=SILU,GELU,TANH), GLU (=SWIGLU,GEGLU), fused (whole-graph
-#                      cases such as RMS_NORM_MUL_ADD). Default: default
+#                      cases such as RMS_NORM_MUL_ADD), extra (every further op the CPU
+#                      backend implements: state-space, linear attention, generic ops, ...).
+#                      Default: default
 #   --params REGEX     only cases whose parameters match (test-backend-ops -p)
 #   --scope all|listed listed: only cases whose type parameters are all among the types the
 #                      compute issue lists (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K, I8..I64);

@@ -1291,6 +1291,16 @@ fn sum_rows_mean_sum_and_argmax() {
         })
         .collect();
     assert_close(&g.read(&out, argmax), &want, 0.0, "argmax");
+    // SUM of a transposed source adds its elements (ggml-cpu's release build reads each row as
+    // packed floats whatever nb0: test-backend-ops' one transposed SUM case is a reference bug)
+    let mut g = G::new();
+    let values = rng.values(33 * 256, 1.0);
+    let a = g.input(ty::F32, [33, 256, 1, 1], &values);
+    let t = g.transpose(a);
+    let sum = g.node(Op::SUM, ty::F32, [1, 1, 1, 1], &[t], &[]);
+    let out = g.run(2).unwrap();
+    let want: f64 = values.iter().map(|&v| f64::from(v)).sum();
+    assert_close(&g.read(&out, sum), &[want], 1e-6, "sum of a transposed source");
 }
 
 #[test]
