@@ -1361,7 +1361,14 @@ impl Checker<'_> {
         }
         let before = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d)));
         let after = [0, 1, 2, 3].map(|d| i64::from(self.param(2 * d + 1)));
-        let fits = (0..4).all(|d| a.ne[d] as i64 + before[d] + after[d] == dst.ne[d] as i64);
+        // checked: an empty source passes the buffer check whatever its other sizes
+        let padded = |d: usize| {
+            i64::try_from(a.ne[d])
+                .ok()
+                .and_then(|n| n.checked_add(before[d])?.checked_add(after[d]))
+        };
+        let fits =
+            (0..4).all(|d| padded(d).is_some() && padded(d) == i64::try_from(dst.ne[d]).ok());
         if !fits {
             return Err(self.bad(format!(
                 "{:?} padded by {before:?} / {after:?} is not {:?}",
@@ -1455,7 +1462,11 @@ impl Checker<'_> {
             .checked_mul(s_v)
             .and_then(|n| n.checked_mul(seqs))
             .and_then(|n| n.checked_add(tokens.checked_mul(seqs)?));
-        if rows.is_none_or(|rows| dst.ne != [s_v * heads, rows, 1, 1]) {
+        let width = s_v.checked_mul(heads);
+        if width
+            .zip(rows)
+            .is_none_or(|(width, rows)| dst.ne != [width, rows, 1, 1])
+        {
             return Err(self.bad(format!(
                 "destination {:?} is not [S_v * H, T * B + {snapshots} * S_v * B]",
                 dst.ne
@@ -1511,7 +1522,7 @@ impl Checker<'_> {
         }
         let (d_conv, d_inner) = (c.ne[0], c.ne[1]);
         // ggml_is_3d(sx), ggml_is_matrix(c), and at least one window per sequence
-        let tokens = (sx.ne[0] + 1).checked_sub(d_conv);
+        let tokens = sx.ne[0].saturating_add(1).checked_sub(d_conv);
         let shapes = sx.ne[3] == 1
             && c.ne[2] == 1
             && c.ne[3] == 1
@@ -1523,7 +1534,7 @@ impl Checker<'_> {
                 sx.ne, c.ne, dst.ne
             )));
         }
-        if sx.nb[0] != 4 || c.nb[0] != 4 || sx.nb[1] != sx.ne[0] * 4 {
+        if sx.nb[0] != 4 || c.nb[0] != 4 || sx.ne[0].checked_mul(4) != Some(sx.nb[1]) {
             return Err(self.bad("SSM_CONV needs packed rows of sx (and of c's elements)"));
         }
         Ok((Kernel::SsmConv, vec![Some(sx), Some(c)], vec![false, false]))
@@ -1586,7 +1597,7 @@ impl Checker<'_> {
             )));
         }
         // the layouts ggml asserts (its kernel walks them as packed runs)
-        let packed_rows = |t: &Layout| t.nb[0] == 4 && t.nb[1] == t.ne[0] * 4;
+        let packed_rows = |t: &Layout| t.nb[0] == 4 && t.ne[0].checked_mul(4) == Some(t.nb[1]);
         let strides = s.is_contiguous()
             && dt.is_contiguous()
             && a.is_contiguous()

@@ -1300,7 +1300,12 @@ fn sum_rows_mean_sum_and_argmax() {
     let sum = g.node(Op::SUM, ty::F32, [1, 1, 1, 1], &[t], &[]);
     let out = g.run(2).unwrap();
     let want: f64 = values.iter().map(|&v| f64::from(v)).sum();
-    assert_close(&g.read(&out, sum), &[want], 1e-6, "sum of a transposed source");
+    assert_close(
+        &g.read(&out, sum),
+        &[want],
+        1e-6,
+        "sum of a transposed source",
+    );
 }
 
 #[test]

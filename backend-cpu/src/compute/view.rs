@@ -103,11 +103,16 @@ impl Layout {
             if self.ne[d] != 1 && self.nb[d] != next {
                 return false;
             }
-            next *= if d == 0 {
+            let count = if d == 0 {
                 self.ne[0] / self.block
             } else {
                 self.ne[d]
             };
+            // an empty tensor's other sizes are unchecked: a product past usize is no layout
+            match next.checked_mul(count) {
+                Some(product) => next = product,
+                None => return d == 3,
+            }
         }
         true
     }
