@@ -323,6 +323,48 @@ fn client_seeds(seeds: &mut Seeds) {
     seeds.write("client_session", "v8_unsolicited", &input.encode());
 }
 
+/// `graph_compute` seeds: graphs each op family accepts (one whose ids come from the noise,
+/// which the kernel must refuse at run time).
+fn compute_seeds(seeds: &mut Seeds) {
+    use proto_core_fuzz::compute::{ComputeInput, TensorSpec};
+    // TYPES indices
+    let (f32_, f16_, i32_, q8_0, q4_0) = (0u8, 1u8, 3u8, 5u8, 6u8);
+    let leaf = |ty: u8, ne: [u8; 4], offset: u16| TensorSpec { op: 0, ty, ne, layout: 0, offset, srcs: [0; 4], params: [0; 16] };
+    let node = |op: Op, ty: u8, ne: [u8; 4], offset: u16, srcs: [u8; 4], params: [i32; 16]| TensorSpec {
+        op: (op.0 + 1) as u8,
+        ty,
+        ne,
+        layout: 0,
+        offset,
+        srcs,
+        params,
+    };
+    let f = |v: f32| v.to_bits() as i32;
+    let mut rope = [0i32; 16];
+    rope[1] = 32;
+    rope[4] = 512;
+    rope[5] = f(10000.0);
+    rope[6] = f(1.0);
+    rope[8] = f(1.0);
+    rope[9] = f(32.0);
+    rope[10] = f(1.0);
+    let mut softmax = [0i32; 16];
+    softmax[0] = f(0.5);
+    let graphs: Vec<(&str, Vec<TensorSpec>)> = vec![
+        ("mul_mat_f32", vec![leaf(f32_, [32, 4, 1, 1], 0), leaf(f32_, [32, 3, 1, 1], 64), node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("mul_mat_q4_0", vec![leaf(q4_0, [1, 4, 1, 1], 0), leaf(f32_, [32, 3, 1, 1], 64), node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("soft_max", vec![leaf(f32_, [32, 4, 1, 1], 0), node(Op::SOFT_MAX, f32_, [32, 4, 1, 1], 64, [1, 0, 0, 0], softmax)]),
+        ("rope", vec![leaf(f32_, [32, 2, 3, 1], 0), leaf(i32_, [3, 1, 1, 1], 64), node(Op::ROPE, f32_, [32, 2, 3, 1], 128, [1, 2, 0, 0], rope)]),
+        ("ssm_conv", vec![leaf(f32_, [7, 8, 1, 1], 0), leaf(f32_, [4, 8, 1, 1], 64), node(Op::SSM_CONV, f32_, [8, 4, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("cpy_f32_f16_then_add", vec![leaf(f32_, [32, 4, 1, 1], 0), node(Op::CPY, f16_, [32, 4, 1, 1], 64, [1, 0, 0, 0], [0; 16]), node(Op::ADD, f32_, [32, 4, 1, 1], 128, [1, 1, 0, 0], [0; 16])]),
+        ("get_rows_q8_0_refused_ids", vec![leaf(q8_0, [1, 5, 1, 1], 0), leaf(i32_, [3, 1, 1, 1], 64), node(Op::GET_ROWS, f32_, [32, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+    ];
+    for (name, tensors) in graphs {
+        let input = ComputeInput { threads: 1, fill: 0x5eed, tensors };
+        seeds.write("graph_compute", name, &input.encode());
+    }
+}
+
 fn graph_seeds(seeds: &mut Seeds) {
     let (handle, base, _) = graph::BUFFERS[0];
     for (name, dialect, trailing) in [
@@ -665,6 +707,7 @@ fn main() {
     server_seeds(&mut seeds);
     client_seeds(&mut seeds);
     graph_seeds(&mut seeds);
+    compute_seeds(&mut seeds);
     boot_seeds(&mut seeds);
     round_trip_seeds(&mut seeds);
     let vectors = std::env::args().nth(1).map(PathBuf::from).unwrap_or_else(|| manifest.join("../tests/vectors"));
@@ -678,6 +721,7 @@ fn main() {
         ("graph_decode", |d| drop(graph::run(d))),
         ("bootstrap", |d| drop(boot::run(d))),
         ("round_trip", mirror::run),
+        ("graph_compute", |d| drop(proto_core_fuzz::compute::run(d))),
     ] {
         let mut entries: Vec<_> = std::fs::read_dir(seeds.root.join(target)).unwrap().flatten().collect();
         entries.sort_by_key(|e| e.file_name());

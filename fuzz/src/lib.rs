@@ -8,6 +8,7 @@
 
 pub mod boot;
 pub mod client;
+pub mod compute;
 pub mod graph;
 pub mod mirror;
 pub mod server;

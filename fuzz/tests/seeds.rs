@@ -94,3 +94,16 @@ fn valid_session_vectors_run_clean() {
         }
     }
 }
+
+#[test]
+fn compute_seeds_run_or_refuse_at_run_time() {
+    use proto_core_fuzz::compute::{self, ComputeOutcome};
+    for (name, data) in seeds("graph_compute") {
+        let outcome = compute::run(&data);
+        if name.contains("refused") {
+            assert!(matches!(outcome, ComputeOutcome::Refused(_)), "{name}: {outcome:?}");
+        } else {
+            assert!(matches!(outcome, ComputeOutcome::Computed), "{name}: {outcome:?}");
+        }
+    }
+}

@@ -1237,7 +1237,8 @@ impl Checker<'_> {
             }
         }
         let per_token = if mrope { 4 } else { 1 };
-        if pos.ne[0] < per_token * a.ne[2] {
+        // ggml_is_vector(b): one row of positions (an empty one has none to read)
+        if pos.ne[1..] != [1, 1, 1] || pos.ne[0] < per_token * a.ne[2] {
             return Err(self.bad(format!("{} positions for {} tokens", pos.ne[0], a.ne[2])));
         }
         if let Some(f) = &factors {

@@ -1879,6 +1879,22 @@ fn rope_window_offsets_outside_the_row_are_refused() {
 }
 
 #[test]
+fn rope_positions_must_be_one_row_of_enough_values() {
+    // long enough but empty (found by the graph_compute fuzz target: the kernel read past
+    // the empty tensor), a matrix, and one value short
+    for pos_ne in [[3, 1, 1, 0], [3, 2, 1, 1], [2, 1, 1, 1]] {
+        let mut g = G::new();
+        let ne = [32, 2, 3, 1];
+        let a = g.input(ty::F32, ne, &vec![0.5; 32 * 6]);
+        let count: usize = pos_ne.iter().product();
+        let p = g.ids(ty::I32, pos_ne, &vec![0; count]);
+        g.node(Op::ROPE, ty::F32, ne, &[a, p], &rope_params(32, 0, 0));
+        let error = g.run(1).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidGraph, "{pos_ne:?}: {error}");
+    }
+}
+
+#[test]
 fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
     let mut rng = Rng::new(16);
     for (round, (mode, t)) in [
