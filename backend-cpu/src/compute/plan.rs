@@ -180,6 +180,28 @@ pub(crate) enum Kernel {
         /// The longest period (`op_params[1]`).
         max_period: i32,
     },
+    /// OUT_PROD: `dst[i0, i1, i2, i3] = Σ_k src0[i0, k, i2 / r2, i3 / r3] · src1[i1, k, i2, i3]`
+    /// (src0's planes broadcast by the ratios `r2`, `r3`).
+    OutProd,
+    /// ROPE_BACK: ROPE's rotation by the opposite angles (the transposed rotation matrix), as
+    /// the gradient of ROPE.
+    RopeBack(RopeParams),
+    /// SILU_BACK: `dy · σ(x) · (1 + x (1 - σ(x)))` (src0 `dy`, src1 `x`).
+    SiluBack,
+    /// RMS_NORM_BACK: the gradient of RMS_NORM (src0 the output's gradient, src1 its input).
+    RmsNormBack {
+        /// The forward pass's epsilon.
+        eps: f32,
+    },
+    /// SOFT_MAX_BACK: `scale · (dy - dot(y, dy)) · y` per row (src0 `dy`, src1 `y`).
+    SoftMaxBack {
+        /// The forward pass's scale.
+        scale: f32,
+    },
+    /// GET_ROWS_BACK: destination row `ids[i]` accumulates source row `i`, the rest is zero.
+    GetRowsBack,
+    /// REPEAT_BACK: each destination element sums the source elements REPEAT copied it to.
+    RepeatBack,
 }
 
 /// The linear-attention recurrences of [`Kernel::Wkv`].
@@ -771,7 +793,14 @@ impl Checker<'_> {
             }
             Op::MUL_MAT => self.mul_mat(dst),
             Op::MUL_MAT_ID => self.mul_mat_id(dst),
-            Op::ROPE => self.rope(dst),
+            Op::ROPE => self.rope(dst, false),
+            Op::ROPE_BACK => self.rope(dst, true),
+            Op::OUT_PROD => self.out_prod(dst),
+            Op::SILU_BACK => self.silu_back(dst),
+            Op::RMS_NORM_BACK => self.rms_norm_back(dst),
+            Op::SOFT_MAX_BACK => self.soft_max_back(dst),
+            Op::GET_ROWS_BACK => self.get_rows_back(dst),
+            Op::REPEAT_BACK => self.repeat_back(dst),
             Op::SOFT_MAX => self.soft_max(dst),
             Op::FLASH_ATTN_EXT => self.flash_attn(dst),
             Op::GLU => self.glu(dst),
@@ -1176,8 +1205,13 @@ impl Checker<'_> {
         ))
     }
 
+    /// ROPE and ROPE_BACK (same sources and parameters; `backward` rotates the other way).
     #[allow(clippy::type_complexity)]
-    fn rope(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+    fn rope(
+        &self,
+        dst: &Layout,
+        backward: bool,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
         let (a, pos) = (self.need(0)?, self.need(1)?);
         let factors = self.src(2)?;
         if !is_float(&a) || a.type_id != dst.type_id {
@@ -1245,8 +1279,13 @@ impl Checker<'_> {
                 return Err(self.bad("frequency factors must be floats, n_dims/2 of them"));
             }
         }
+        let kernel = if backward {
+            Kernel::RopeBack(params)
+        } else {
+            Kernel::Rope(params)
+        };
         Ok((
-            Kernel::Rope(params),
+            kernel,
             vec![Some(a), Some(pos), factors],
             vec![true, false, false],
         ))
@@ -1670,5 +1709,155 @@ impl Checker<'_> {
             srcs.into_iter().map(Some).collect(),
             in_place,
         ))
+    }
+
+    /// OUT_PROD (`ggml_out_prod`): `a {m, k, ne2, ne3}` and `b {n, k, ne2·r2, ne3·r3}` give
+    /// F32 `{m, n, ne2·r2, ne3·r3}`. ggml-cpu takes F32 `b`, and F32 `a` (broadcast over the
+    /// last two dimensions) or F16 / quantized `a` (without broadcast); rows of `a` and of the
+    /// destination are packed along dimension 0, `b` may have any strides (a transposed `b`).
+    #[allow(clippy::type_complexity)]
+    fn out_prod(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        if b.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("OUT_PROD takes an F32 src1 and gives F32"));
+        }
+        let broadcast = a.ne[2] != b.ne[2] || a.ne[3] != b.ne[3];
+        let a_ok = a.type_id == ty::F32
+            || (!broadcast
+                && (a.type_id == ty::F16
+                    || (is_quantized(a.type_id) && quant::supports(a.type_id))));
+        if !a_ok {
+            return Err(
+                self.refuse("OUT_PROD takes src0 as F32, or F16 / quantized without broadcast")
+            );
+        }
+        let shapes = a.ne[1] == b.ne[1]
+            && a.ne[2] > 0
+            && a.ne[3] > 0
+            && b.ne[2].is_multiple_of(a.ne[2])
+            && b.ne[3].is_multiple_of(a.ne[3])
+            && dst.ne == [a.ne[0], b.ne[0], b.ne[2], b.ne[3]];
+        if !shapes {
+            return Err(self.bad(format!(
+                "outer product of {:?} and {:?} cannot give {:?}",
+                a.ne, b.ne, dst.ne
+            )));
+        }
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("OUT_PROD needs src0 and the destination packed along ne[0]"));
+        }
+        Ok((Kernel::OutProd, vec![Some(a), Some(b)], vec![false, false]))
+    }
+
+    /// SILU_BACK (`ggml_silu_back`): the gradient `dy` (src0) and the forward input `x` (src1),
+    /// both of the destination's shape and float type; ggml may compute it in place of either.
+    #[allow(clippy::type_complexity)]
+    fn silu_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dy, x) = (self.need(0)?, self.need(1)?);
+        if !is_float(&dy) || dy.type_id != dst.type_id || x.type_id != dst.type_id {
+            return Err(self.refuse("SILU_BACK takes and gives one float type"));
+        }
+        self.same_shape(&dy, dst, "the gradient and the destination")?;
+        self.same_shape(&x, dst, "the forward input and the destination")?;
+        Ok((Kernel::SiluBack, vec![Some(dy), Some(x)], vec![true, true]))
+    }
+
+    /// RMS_NORM_BACK (`ggml_rms_norm_back`): the gradient (src0) and the forward input (src1),
+    /// F32 with packed rows, of the destination's shape; epsilon as RMS_NORM's.
+    #[allow(clippy::type_complexity)]
+    fn rms_norm_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dz, x) = (self.need(0)?, self.need(1)?);
+        if dz.type_id != ty::F32 || x.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("RMS_NORM_BACK takes and gives F32"));
+        }
+        self.same_shape(&dz, dst, "the gradient and the destination")?;
+        self.same_shape(&x, dst, "the forward input and the destination")?;
+        if !dz.dense_rows() || !x.dense_rows() {
+            return Err(self.bad("RMS_NORM_BACK needs packed source rows"));
+        }
+        let eps = self.fparam(0);
+        if eps.is_nan() || eps < 0.0 {
+            return Err(self.refuse("negative or NaN epsilon"));
+        }
+        Ok((
+            Kernel::RmsNormBack { eps },
+            vec![Some(dz), Some(x)],
+            vec![false, false],
+        ))
+    }
+
+    /// SOFT_MAX_BACK (`ggml_soft_max_ext_back`): the gradient `dy` (src0) and the forward output
+    /// `y` (src1), contiguous F32 of the destination's shape; ggml-cpu has no ALiBi
+    /// (`max_bias`, op_params[1], must be 0). ggml may compute it in place of either source.
+    #[allow(clippy::type_complexity)]
+    fn soft_max_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dy, y) = (self.need(0)?, self.need(1)?);
+        if dy.type_id != ty::F32 || y.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("SOFT_MAX_BACK takes and gives F32"));
+        }
+        if self.fparam(1) != 0.0 {
+            return Err(self.refuse("SOFT_MAX_BACK with ALiBi (max_bias) is not supported"));
+        }
+        self.same_shape(&dy, dst, "the gradient and the destination")?;
+        self.same_shape(&y, dst, "the forward output and the destination")?;
+        if !dy.is_contiguous() || !y.is_contiguous() || !dst.is_contiguous() {
+            return Err(self.bad("SOFT_MAX_BACK needs contiguous tensors"));
+        }
+        Ok((
+            Kernel::SoftMaxBack {
+                scale: self.fparam(0),
+            },
+            vec![Some(dy), Some(y)],
+            vec![true, true],
+        ))
+    }
+
+    /// GET_ROWS_BACK (`ggml_get_rows_back`): a matrix of gradient rows (src0, F32 or F16, packed
+    /// rows) and a vector of I32 row ids (src1, at most as many as src0 has rows) give a
+    /// contiguous F32 matrix as wide as src0. The ids are checked at run time.
+    #[allow(clippy::type_complexity)]
+    fn get_rows_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (grad, ids) = (self.need(0)?, self.need(1)?);
+        if ids.type_id != ty::I32 {
+            return Err(self.bad("row ids must be I32"));
+        }
+        if !(grad.type_id == ty::F32 || grad.type_id == ty::F16) || dst.type_id != ty::F32 {
+            return Err(self.refuse("GET_ROWS_BACK takes F32 or F16 rows and gives F32"));
+        }
+        let shapes = grad.ne[2] == 1
+            && grad.ne[3] == 1
+            && ids.ne[1..] == [1, 1, 1]
+            && ids.ne[0] <= grad.ne[1]
+            && dst.ne[0] == grad.ne[0]
+            && dst.ne[2..] == [1, 1];
+        if !shapes {
+            return Err(self.bad(format!(
+                "rows {:?} with ids {:?} cannot go back into {:?}",
+                grad.ne, ids.ne, dst.ne
+            )));
+        }
+        if !grad.dense_rows() || !dst.is_contiguous() {
+            return Err(self.bad("GET_ROWS_BACK needs packed source rows, a contiguous result"));
+        }
+        Ok((
+            Kernel::GetRowsBack,
+            vec![Some(grad), Some(ids)],
+            vec![false, false],
+        ))
+    }
+
+    /// REPEAT_BACK (`ggml_repeat_back`): F32 src0 whose every dimension is a multiple of the
+    /// destination's (same type), both packed along dimension 0.
+    #[allow(clippy::type_complexity)]
+    fn repeat_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("REPEAT_BACK takes and gives F32"));
+        }
+        self.repeats(dst, &a, "the destination does not repeat into src0")?;
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("REPEAT_BACK needs src0 and the destination packed along ne[0]"));
+        }
+        Ok((Kernel::RepeatBack, vec![Some(a)], vec![false]))
     }
 }

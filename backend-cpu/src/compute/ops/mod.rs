@@ -10,7 +10,9 @@
 //! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K |
 //! | `norm.rs` | NORM, RMS_NORM, L2_NORM |
 //! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
-//! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
+//! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN), ROPE_BACK |
+//! | `out_prod.rs` | OUT_PROD |
+//! | `backward.rs` | SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, GET_ROWS_BACK, REPEAT_BACK |
 //! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
 //! | `attention.rs` | FLASH_ATTN_EXT |
 //! | `ssm.rs` | SSM_CONV, SSM_SCAN (Mamba 1 and 2) |
@@ -26,6 +28,7 @@
 //! `f64` accumulation where ggml uses `ggml_float`, ggml's lookup tables for GELU.
 
 mod attention;
+mod backward;
 mod copy;
 mod delta_net;
 mod elementwise;
@@ -35,6 +38,7 @@ mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
+mod out_prod;
 mod pad;
 mod reduce;
 mod rope;
@@ -106,7 +110,14 @@ pub(crate) fn execute(
         Kernel::TopK => reduce::top_k(&node, dst),
         Kernel::MulMat => mul_mat::mul_mat(&node, dst),
         Kernel::MulMatId => mul_mat::mul_mat_id(&node, dst),
-        Kernel::Rope(params) => rope::rope(&node, dst, params, &mut memo.rope),
+        Kernel::Rope(params) => rope::rope(&node, dst, params, false, &mut memo.rope),
+        Kernel::RopeBack(params) => rope::rope(&node, dst, params, true, &mut memo.rope),
+        Kernel::OutProd => out_prod::out_prod(&node, dst),
+        Kernel::SiluBack => backward::silu_back(&node, dst),
+        Kernel::RmsNormBack { eps } => backward::rms_norm_back(&node, dst, eps),
+        Kernel::SoftMaxBack { scale } => backward::soft_max_back(&node, dst, scale),
+        Kernel::GetRowsBack => backward::get_rows_back(&node, dst),
+        Kernel::RepeatBack => backward::repeat_back(&node, dst),
         Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
         Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
         Kernel::FlashAttn {

@@ -86,7 +86,7 @@ fn sum_squares(x: &[f32]) -> f64 {
 /// terms span less than 2^(29 - log2 n) in magnitude (2^21 for 256 terms); beyond that the
 /// result may differ from the in-order sum in its last f64 bits, which the rounding to f32
 /// almost always absorbs.
-fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
+pub(super) fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut sums = [0f64; 8];
     let (chunks, rest) = x.as_chunks::<8>();
     for chunk in chunks {

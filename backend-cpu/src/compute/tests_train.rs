@@ -1,0 +1,674 @@
+//! Tests of the training ops — OUT_PROD, ROPE_BACK, SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK,
+//! GET_ROWS_BACK, REPEAT_BACK: results against naive f64 references written here (several
+//! shapes, broadcast, transposed and permuted sources, in-place forms), ROPE then ROPE_BACK
+//! giving the input back, the same bytes from one and three threads, and refusals of
+//! malformed nodes before anything is written.
+
+use proto_core::ggml::types::id as ty;
+use proto_core::ggml::Op;
+use proto_core::graph::TensorIndex;
+use proto_core::ErrorKind;
+
+use super::quant;
+use super::tests::{
+    assert_close, assert_refused, at, f, rope_params, rope_reference, stored, wide, Rng, G,
+};
+
+/// Runs `g` on one and on three threads, checks that the bytes agree, returns them.
+fn run_both(g: &G, what: &str) -> Vec<u8> {
+    let one = g.run(1).unwrap();
+    let three = g.run(3).unwrap();
+    assert!(one == three, "{what}: 1 and 3 threads differ");
+    one
+}
+
+/// `values` as the elements a tensor of `type_id` stores (rounded to F16; quantized and
+/// dequantized row by row of `width` for block types), with the stored bytes.
+fn stored_as(type_id: u32, values: &[f32], width: usize) -> (Vec<u8>, Vec<f32>) {
+    match type_id {
+        ty::F32 => (
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            values.to_vec(),
+        ),
+        ty::F16 => {
+            let bits: Vec<u16> = values
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let back = bits
+                .iter()
+                .map(|&b| half::f16::from_bits(b).to_f32())
+                .collect();
+            (bits.iter().flat_map(|b| b.to_le_bytes()).collect(), back)
+        }
+        quantized => {
+            let info = proto_core::ggml::type_info(quantized).unwrap();
+            let row_bytes = width / info.block_size as usize * info.type_size as usize;
+            let mut bytes = vec![0u8; values.len() / width * row_bytes];
+            let mut back = vec![0.0f32; values.len()];
+            for ((row, q), deq) in values
+                .chunks(width)
+                .zip(bytes.chunks_mut(row_bytes))
+                .zip(back.chunks_mut(width))
+            {
+                quant::quantize_row(quantized, row, q).unwrap();
+                quant::dequantize_row(quantized, q, deq).unwrap();
+            }
+            (bytes, back)
+        }
+    }
+}
+
+/// The values of `t` after running `g` on one and three threads.
+fn result(g: &G, t: TensorIndex, what: &str) -> Vec<f32> {
+    let bytes = run_both(g, what);
+    g.read(&bytes, t)
+}
+
+// --- OUT_PROD --------------------------------------------------------------------------------
+
+/// `dst[i0, i1, i2, i3] = Σ_k a[i0, k, i2 / r2, i3 / r3] · b[i1, k, i2, i3]` in f64, `b` given
+/// in its logical order.
+fn out_prod_reference(a: &[f32], a_ne: [usize; 4], b: &[f32], b_ne: [usize; 4]) -> Vec<f64> {
+    let dst_ne = [a_ne[0], b_ne[0], b_ne[2], b_ne[3]];
+    let (r2, r3) = (b_ne[2] / a_ne[2], b_ne[3] / a_ne[3]);
+    let mut out = vec![0.0f64; dst_ne.iter().product()];
+    for i3 in 0..dst_ne[3] {
+        for i2 in 0..dst_ne[2] {
+            for i1 in 0..dst_ne[1] {
+                for i0 in 0..dst_ne[0] {
+                    out[at(dst_ne, [i0, i1, i2, i3])] = (0..a_ne[1])
+                        .map(|k| {
+                            f64::from(a[at(a_ne, [i0, k, i2 / r2, i3 / r3])])
+                                * f64::from(b[at(b_ne, [i1, k, i2, i3])])
+                        })
+                        .sum();
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn out_prod_of_every_src0_type_with_broadcast_and_transposed_src1() {
+    let mut rng = Rng::new(401);
+    // (src0 type, m, n, k, src0 planes, broadcast ratios, transposed src1)
+    for (type_id, m, n, k, planes, ratios, transposed) in [
+        (ty::F32, 5, 3, 4, [1, 1], [1, 1], false),
+        (ty::F32, 64, 7, 9, [2, 3], [2, 1], false),
+        (ty::F32, 33, 16, 1, [1, 2], [3, 2], true),
+        (ty::F32, 256, 1, 16, [3, 1], [1, 2], true),
+        (ty::F16, 40, 6, 5, [2, 2], [1, 1], false),
+        (ty::F16, 8, 16, 16, [1, 3], [1, 1], true),
+        (ty::Q8_0, 64, 5, 3, [2, 1], [1, 1], false),
+        (ty::Q4_0, 32, 4, 7, [1, 2], [1, 1], true),
+        (ty::Q4_K, 256, 3, 2, [1, 1], [1, 1], false),
+    ] {
+        let what = format!("OUT_PROD type {type_id}, m {m}, n {n}, k {k}, {planes:?} x {ratios:?}");
+        let a_ne = [m, k, planes[0], planes[1]];
+        let b_ne = [n, k, planes[0] * ratios[0], planes[1] * ratios[1]];
+        let (a_bytes, a_values) = stored_as(type_id, &rng.values(a_ne.iter().product(), 1.0), m);
+        let b_values = rng.values(b_ne.iter().product(), 1.0);
+        let mut g = G::new();
+        let a = g.input_bytes(type_id, a_ne, &a_bytes);
+        let b = if transposed {
+            // stored as [k, n, ...] and transposed: column i1 of the view is a stored row
+            let mut stored = vec![0.0f32; b_values.len()];
+            for i3 in 0..b_ne[3] {
+                for i2 in 0..b_ne[2] {
+                    for kk in 0..k {
+                        for i1 in 0..n {
+                            stored[at([k, n, b_ne[2], b_ne[3]], [kk, i1, i2, i3])] =
+                                b_values[at(b_ne, [i1, kk, i2, i3])];
+                        }
+                    }
+                }
+            }
+            let base = g.input(ty::F32, [k, n, b_ne[2], b_ne[3]], &stored);
+            g.permute(base, [1, 0, 2, 3])
+        } else {
+            g.input(ty::F32, b_ne, &b_values)
+        };
+        let dst_ne = [m, n, b_ne[2], b_ne[3]];
+        let out = g.node(Op::OUT_PROD, ty::F32, dst_ne, &[a, b], &[]);
+        let got = result(&g, out, &what);
+        let want = out_prod_reference(&a_values, a_ne, &b_values, b_ne);
+        assert_close(&got, &want, 1e-10, &what);
+    }
+}
+
+// --- ROPE_BACK -------------------------------------------------------------------------------
+
+#[test]
+fn rope_back_rotates_by_the_opposite_angles_and_undoes_rope() {
+    let mut rng = Rng::new(402);
+    // (mode, type, shape, n_dims, n_offs)
+    for (mode, type_id, ne, n_dims, n_offs) in [
+        (0, ty::F32, [16, 3, 5, 2], 16, 0),
+        (2, ty::F32, [40, 2, 4, 1], 16, 10),
+        (0, ty::F16, [12, 4, 3, 1], 8, 2),
+        (2, ty::F16, [64, 2, 6, 1], 64, 0),
+    ] {
+        let what = format!("ROPE_BACK mode {mode}, type {type_id}, {ne:?}");
+        let x = rng.values(ne.iter().product(), 1.0);
+        let x = stored(type_id, &x);
+        let pos: Vec<i64> = (0..ne[2]).map(|_| rng.below(200) as i64).collect();
+        let params = rope_params(n_dims, mode, n_offs as i32);
+        let mut g = G::new();
+        let a = g.input(type_id, ne, &x);
+        let p = g.ids(ty::I32, [ne[2], 1, 1, 1], &pos);
+        let back = g.node(Op::ROPE_BACK, type_id, ne, &[a, p], &params);
+        let forward = g.node(Op::ROPE, type_id, ne, &[a, p], &params);
+        let round_trip = g.node(Op::ROPE_BACK, type_id, ne, &[forward, p], &params);
+        let bytes = run_both(&g, &what);
+        // the inverse rotation is the rotation by -theta: ROPE at the negated positions
+        let negated: Vec<i64> = pos.iter().map(|&p| -p).collect();
+        let want = rope_reference(
+            &x,
+            ne,
+            &negated,
+            n_dims,
+            mode,
+            10000.0,
+            1.0,
+            0.0,
+            1.0,
+            4096.0,
+            (32.0, 1.0),
+            None,
+            n_offs,
+        );
+        let tolerance = if type_id == ty::F16 { 1e-6 } else { 1e-10 };
+        assert_close(&g.read(&bytes, back), &want, tolerance, &what);
+        assert_close(
+            &g.read(&bytes, round_trip),
+            &wide(&x),
+            tolerance,
+            &format!("{what}: ROPE then ROPE_BACK"),
+        );
+    }
+}
+
+#[test]
+fn rope_back_of_multi_section_modes_and_in_place_undoes_rope() {
+    let mut rng = Rng::new(403);
+    // (mode, shape, n_dims, sections)
+    for (mode, ne, n_dims, sections) in [
+        (8, [32, 2, 5, 1], 32, [6, 5, 5, 0]),
+        (40, [24, 3, 4, 1], 24, [4, 4, 4, 0]),
+        (24, [32, 2, 3, 1], 16, [2, 2, 2, 2]),
+    ] {
+        let what = format!("ROPE_BACK mode {mode}, {ne:?}");
+        let x = rng.values(ne.iter().product(), 1.0);
+        let pos: Vec<i64> = (0..4 * ne[2]).map(|_| rng.below(100) as i64).collect();
+        let mut params = rope_params(n_dims, mode, 0);
+        params[11..15].copy_from_slice(&sections);
+        let mut g = G::new();
+        let a = g.input(ty::F32, ne, &x);
+        let p = g.ids(ty::I32, [4 * ne[2], 1, 1, 1], &pos);
+        let forward = g.node(Op::ROPE, ty::F32, ne, &[a, p], &params);
+        // ROPE_BACK in place over ROPE's result
+        let back = g.node_into(Op::ROPE_BACK, forward, &[forward, p], &params);
+        let got = result(&g, back, &what);
+        assert_close(&got, &wide(&x), 1e-10, &what);
+    }
+}
+
+// --- SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK -------------------------------------------------
+
+#[test]
+fn silu_back_in_f32_and_f16_separately_and_in_place() {
+    let mut rng = Rng::new(404);
+    for (type_id, ne) in [
+        (ty::F32, [7, 3, 2, 1]),
+        (ty::F32, [64, 5, 1, 3]),
+        (ty::F16, [10, 4, 3, 1]),
+    ] {
+        // 0: a fresh destination; 1: in place of dy; 2: in place of x
+        for in_place in 0..3 {
+            let what = format!("SILU_BACK type {type_id}, {ne:?}, in place {in_place}");
+            let count = ne.iter().product();
+            let dy = stored(type_id, &rng.values(count, 2.0));
+            let x = stored(type_id, &rng.values(count, 4.0));
+            let mut g = G::new();
+            let dy_t = g.input(type_id, ne, &dy);
+            let x_t = g.input(type_id, ne, &x);
+            let out = match in_place {
+                0 => g.node(Op::SILU_BACK, type_id, ne, &[dy_t, x_t], &[]),
+                1 => g.node_into(Op::SILU_BACK, dy_t, &[dy_t, x_t], &[]),
+                _ => g.node_into(Op::SILU_BACK, x_t, &[dy_t, x_t], &[]),
+            };
+            let got = result(&g, out, &what);
+            let want: Vec<f64> = dy
+                .iter()
+                .zip(&x)
+                .map(|(&dy, &x)| {
+                    let (dy, x) = (f64::from(dy), f64::from(x));
+                    let s = 1.0 / (1.0 + (-x).exp());
+                    dy * s * (1.0 + x * (1.0 - s))
+                })
+                .collect();
+            let tolerance = if type_id == ty::F16 { 1e-6 } else { 1e-12 };
+            assert_close(&got, &want, tolerance, &what);
+        }
+    }
+}
+
+#[test]
+fn rms_norm_back_is_the_gradient_of_rms_norm() {
+    let mut rng = Rng::new(405);
+    for (ne, eps, permuted) in [
+        ([8, 3, 1, 1], 1e-6f32, false),
+        ([65, 4, 3, 2], 1e-5, false),
+        ([33, 5, 2, 1], 0.1, true),
+    ] {
+        let what = format!("RMS_NORM_BACK {ne:?}, eps {eps}, permuted {permuted}");
+        let count: usize = ne.iter().product();
+        let dz = rng.values(count, 1.0);
+        let x = rng.values(count, 3.0);
+        let mut g = G::new();
+        let dz_t = g.input(ty::F32, ne, &dz);
+        let x_t = if permuted {
+            // x stored with dimensions 1 and 2 swapped, read through a permuted view
+            let stored_ne = [ne[0], ne[2], ne[1], ne[3]];
+            let mut stored = vec![0.0f32; count];
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    for i0 in 0..ne[0] {
+                        stored[at(stored_ne, [i0, i2, i1, 0])] = x[at(ne, [i0, i1, i2, 0])];
+                    }
+                }
+            }
+            let base = g.input(ty::F32, stored_ne, &stored);
+            g.permute(base, [0, 2, 1, 3])
+        } else {
+            g.input(ty::F32, ne, &x)
+        };
+        let out = g.node(Op::RMS_NORM_BACK, ty::F32, ne, &[dz_t, x_t], &[f(eps)]);
+        let got = result(&g, out, &what);
+        let n = ne[0];
+        let mut want = Vec::with_capacity(count);
+        for (xr, dr) in x.chunks(n).zip(dz.chunks(n)) {
+            // y = x / rms, rms = sqrt(Σx²/n + eps): dx = (dz - x Σ(x dz) / (n rms²)) / rms
+            let sum_xx: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let sum_xdz: f64 = xr
+                .iter()
+                .zip(dr)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let rms2 = sum_xx / n as f64 + f64::from(eps);
+            for (&xv, &dv) in xr.iter().zip(dr) {
+                let (xv, dv) = (f64::from(xv), f64::from(dv));
+                want.push((dv - xv * sum_xdz / (n as f64 * rms2)) / rms2.sqrt());
+            }
+        }
+        assert_close(&got, &want, 1e-10, &what);
+    }
+}
+
+#[test]
+fn soft_max_back_with_scale_separately_and_in_place() {
+    let mut rng = Rng::new(406);
+    for (ne, scale) in [
+        ([5, 3, 1, 1], 1.0f32),
+        ([32, 4, 2, 3], 0.25),
+        ([1, 7, 1, 1], 2.0),
+    ] {
+        for in_place in 0..3 {
+            let what = format!("SOFT_MAX_BACK {ne:?}, scale {scale}, in place {in_place}");
+            let count: usize = ne.iter().product();
+            let dy = rng.values(count, 1.0);
+            // y: rows of a softmax
+            let mut y = rng.values(count, 3.0);
+            for row in y.chunks_mut(ne[0]) {
+                let sum: f32 = row.iter().map(|v| v.exp()).sum();
+                row.iter_mut().for_each(|v| *v = v.exp() / sum);
+            }
+            let mut g = G::new();
+            let dy_t = g.input(ty::F32, ne, &dy);
+            let y_t = g.input(ty::F32, ne, &y);
+            let out = match in_place {
+                0 => g.node(Op::SOFT_MAX_BACK, ty::F32, ne, &[dy_t, y_t], &[f(scale), 0]),
+                1 => g.node_into(Op::SOFT_MAX_BACK, dy_t, &[dy_t, y_t], &[f(scale), 0]),
+                _ => g.node_into(Op::SOFT_MAX_BACK, y_t, &[dy_t, y_t], &[f(scale), 0]),
+            };
+            let got = result(&g, out, &what);
+            let mut want = Vec::with_capacity(count);
+            for (dr, yr) in dy.chunks(ne[0]).zip(y.chunks(ne[0])) {
+                let dot: f64 = dr
+                    .iter()
+                    .zip(yr)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                for (&d, &yv) in dr.iter().zip(yr) {
+                    want.push(f64::from(scale) * (f64::from(d) - dot) * f64::from(yv));
+                }
+            }
+            assert_close(&got, &want, 1e-10, &what);
+        }
+    }
+}
+
+// --- GET_ROWS_BACK, REPEAT_BACK --------------------------------------------------------------
+
+#[test]
+fn get_rows_back_sums_the_gradient_rows_of_each_id() {
+    let mut rng = Rng::new(407);
+    // (type, width, destination rows, ids, gradient rows beyond the ids, strided ids)
+    for (type_id, width, rows, count, spare, strided) in [
+        (ty::F32, 1, 8, 2, 0, false),
+        (ty::F32, 16, 5, 12, 0, false),
+        (ty::F32, 7, 70, 30, 3, true),
+        (ty::F16, 256, 5, 4, 2, false),
+    ] {
+        let what = format!("GET_ROWS_BACK type {type_id}, {width} x {rows}, {count} ids");
+        let grad_ne = [width, count + spare, 1, 1];
+        let grad = stored(type_id, &rng.values(grad_ne.iter().product(), 1.0));
+        let ids: Vec<i64> = (0..count).map(|_| rng.below(rows) as i64).collect();
+        let mut g = G::new();
+        let grad_t = g.input(type_id, grad_ne, &grad);
+        let ids_t = if strided {
+            // every other element of a twice-as-long vector
+            let spread: Vec<i64> = ids.iter().flat_map(|&i| [i, 9999]).collect();
+            let base = g.ids(ty::I32, [2 * count, 1, 1, 1], &spread);
+            g.view(
+                base,
+                [count, 1, 1, 1],
+                [8, 8 * count, 8 * count, 8 * count],
+                0,
+            )
+        } else {
+            g.ids(ty::I32, [count, 1, 1, 1], &ids)
+        };
+        let out = g.node(
+            Op::GET_ROWS_BACK,
+            ty::F32,
+            [width, rows, 1, 1],
+            &[grad_t, ids_t],
+            &[],
+        );
+        let got = result(&g, out, &what);
+        let mut want = vec![0.0f64; width * rows];
+        for (i, &id) in ids.iter().enumerate() {
+            for c in 0..width {
+                want[id as usize * width + c] += f64::from(grad[i * width + c]);
+            }
+        }
+        assert_close(&got, &want, 1e-12, &what);
+    }
+}
+
+#[test]
+fn get_rows_back_with_an_out_of_range_id_writes_nothing() {
+    for bad in [5i64, -1, i64::from(i32::MAX)] {
+        let mut g = G::new();
+        let grad = g.input(ty::F32, [4, 3, 1, 1], &[1.0; 12]);
+        let ids = g.ids(ty::I32, [3, 1, 1, 1], &[0, bad, 2]);
+        g.node(Op::GET_ROWS_BACK, ty::F32, [4, 5, 1, 1], &[grad, ids], &[]);
+        assert_refused(&g, ErrorKind::OutOfBounds);
+    }
+}
+
+#[test]
+fn repeat_back_sums_every_repetition_including_permuted_sources() {
+    let mut rng = Rng::new(408);
+    // (destination shape, repetitions, permuted source)
+    for (ne, reps, permuted) in [
+        ([8, 6, 4, 2], [1, 1, 1, 1], false),
+        ([4, 6, 4, 2], [2, 1, 1, 1], false),
+        ([8, 3, 2, 2], [1, 2, 2, 1], false),
+        ([2, 3, 1, 1], [3, 2, 4, 2], false),
+        ([5, 2, 3, 1], [2, 3, 1, 2], true),
+    ] {
+        let what = format!("REPEAT_BACK {ne:?} x {reps:?}, permuted {permuted}");
+        let src_ne = [0, 1, 2, 3].map(|d| ne[d] * reps[d]);
+        let src: Vec<f32> = rng.values(src_ne.iter().product(), 1.0);
+        let mut g = G::new();
+        let a = if permuted {
+            // stored with dimensions 1 and 3 swapped
+            let stored_ne = [src_ne[0], src_ne[3], src_ne[2], src_ne[1]];
+            let mut stored = vec![0.0f32; src.len()];
+            for i3 in 0..src_ne[3] {
+                for i2 in 0..src_ne[2] {
+                    for i1 in 0..src_ne[1] {
+                        for i0 in 0..src_ne[0] {
+                            stored[at(stored_ne, [i0, i3, i2, i1])] =
+                                src[at(src_ne, [i0, i1, i2, i3])];
+                        }
+                    }
+                }
+            }
+            let base = g.input(ty::F32, stored_ne, &stored);
+            g.permute(base, [0, 3, 2, 1])
+        } else {
+            g.input(ty::F32, src_ne, &src)
+        };
+        let out = g.node(Op::REPEAT_BACK, ty::F32, ne, &[a], &[]);
+        let got = result(&g, out, &what);
+        let mut want = vec![0.0f64; ne.iter().product()];
+        for i3 in 0..src_ne[3] {
+            for i2 in 0..src_ne[2] {
+                for i1 in 0..src_ne[1] {
+                    for i0 in 0..src_ne[0] {
+                        let target = [i0 % ne[0], i1 % ne[1], i2 % ne[2], i3 % ne[3]];
+                        want[at(ne, target)] += f64::from(src[at(src_ne, [i0, i1, i2, i3])]);
+                    }
+                }
+            }
+        }
+        assert_close(&got, &want, 1e-12, &what);
+    }
+}
+
+// --- refusals --------------------------------------------------------------------------------
+
+#[test]
+fn malformed_training_nodes_are_refused_before_anything_is_written() {
+    type Build = Box<dyn Fn(&mut G)>;
+    let cases: Vec<(&str, ErrorKind, Build)> = vec![
+        (
+            "OUT_PROD with different k",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let b = g.zeros(ty::F32, [5, 2, 1, 1]);
+                g.node(Op::OUT_PROD, ty::F32, [4, 5, 1, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "OUT_PROD into the wrong shape",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 3, 2, 1]);
+                let b = g.zeros(ty::F32, [5, 3, 3, 1]);
+                g.node(Op::OUT_PROD, ty::F32, [4, 5, 3, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "OUT_PROD of a quantized src0 broadcast",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::Q8_0, [32, 3, 1, 1]);
+                let b = g.zeros(ty::F32, [5, 3, 2, 1]);
+                g.node(Op::OUT_PROD, ty::F32, [32, 5, 2, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "OUT_PROD with an F16 src1",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let b = g.zeros(ty::F16, [5, 3, 1, 1]);
+                g.node(Op::OUT_PROD, ty::F32, [4, 5, 1, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "OUT_PROD with a transposed src0",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let base = g.zeros(ty::F32, [3, 4, 1, 1]);
+                let a = g.permute(base, [1, 0, 2, 3]);
+                let b = g.zeros(ty::F32, [5, 3, 1, 1]);
+                g.node(Op::OUT_PROD, ty::F32, [4, 5, 1, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "ROPE_BACK with odd n_dims",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 2, 3, 1]);
+                let p = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+                g.node(
+                    Op::ROPE_BACK,
+                    ty::F32,
+                    [8, 2, 3, 1],
+                    &[a, p],
+                    &rope_params(5, 0, 0),
+                );
+            }),
+        ),
+        (
+            "ROPE_BACK with too few positions",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 2, 3, 1]);
+                let p = g.ids(ty::I32, [2, 1, 1, 1], &[0, 1]);
+                g.node(
+                    Op::ROPE_BACK,
+                    ty::F32,
+                    [8, 2, 3, 1],
+                    &[a, p],
+                    &rope_params(8, 0, 0),
+                );
+            }),
+        ),
+        (
+            "SILU_BACK of different shapes",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let dy = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let x = g.zeros(ty::F32, [4, 2, 1, 1]);
+                g.node(Op::SILU_BACK, ty::F32, [4, 3, 1, 1], &[dy, x], &[]);
+            }),
+        ),
+        (
+            "SILU_BACK of mixed types",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let dy = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let x = g.zeros(ty::F16, [4, 3, 1, 1]);
+                g.node(Op::SILU_BACK, ty::F32, [4, 3, 1, 1], &[dy, x], &[]);
+            }),
+        ),
+        (
+            "RMS_NORM_BACK in F16",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let dz = g.zeros(ty::F16, [4, 3, 1, 1]);
+                let x = g.zeros(ty::F16, [4, 3, 1, 1]);
+                g.node(Op::RMS_NORM_BACK, ty::F16, [4, 3, 1, 1], &[dz, x], &[0]);
+            }),
+        ),
+        (
+            "RMS_NORM_BACK with a missing source",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let dz = g.zeros(ty::F32, [4, 3, 1, 1]);
+                g.node(Op::RMS_NORM_BACK, ty::F32, [4, 3, 1, 1], &[dz], &[0]);
+            }),
+        ),
+        (
+            "SOFT_MAX_BACK with ALiBi",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let dy = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let y = g.zeros(ty::F32, [4, 3, 1, 1]);
+                g.node(
+                    Op::SOFT_MAX_BACK,
+                    ty::F32,
+                    [4, 3, 1, 1],
+                    &[dy, y],
+                    &[f(1.0), f(8.0)],
+                );
+            }),
+        ),
+        (
+            "SOFT_MAX_BACK of a transposed y",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let dy = g.zeros(ty::F32, [4, 4, 1, 1]);
+                let base = g.zeros(ty::F32, [4, 4, 1, 1]);
+                let y = g.permute(base, [1, 0, 2, 3]);
+                g.node(
+                    Op::SOFT_MAX_BACK,
+                    ty::F32,
+                    [4, 4, 1, 1],
+                    &[dy, y],
+                    &[f(1.0), 0],
+                );
+            }),
+        ),
+        (
+            "GET_ROWS_BACK with more ids than gradient rows",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let grad = g.zeros(ty::F32, [4, 2, 1, 1]);
+                let ids = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+                g.node(Op::GET_ROWS_BACK, ty::F32, [4, 5, 1, 1], &[grad, ids], &[]);
+            }),
+        ),
+        (
+            "GET_ROWS_BACK with a matrix of ids",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let grad = g.zeros(ty::F32, [4, 6, 1, 1]);
+                let ids = g.ids(ty::I32, [3, 2, 1, 1], &[0; 6]);
+                g.node(Op::GET_ROWS_BACK, ty::F32, [4, 5, 1, 1], &[grad, ids], &[]);
+            }),
+        ),
+        (
+            "GET_ROWS_BACK into a different width",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let grad = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let ids = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+                g.node(Op::GET_ROWS_BACK, ty::F32, [5, 5, 1, 1], &[grad, ids], &[]);
+            }),
+        ),
+        (
+            "GET_ROWS_BACK of BF16 rows",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let grad = g.zeros(ty::BF16, [4, 3, 1, 1]);
+                let ids = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+                g.node(Op::GET_ROWS_BACK, ty::F32, [4, 5, 1, 1], &[grad, ids], &[]);
+            }),
+        ),
+        (
+            "REPEAT_BACK into a shape that does not divide the source",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [6, 4, 1, 1]);
+                g.node(Op::REPEAT_BACK, ty::F32, [4, 4, 1, 1], &[a], &[]);
+            }),
+        ),
+        (
+            "REPEAT_BACK of a transposed source",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let base = g.zeros(ty::F32, [4, 6, 1, 1]);
+                let a = g.permute(base, [1, 0, 2, 3]);
+                g.node(Op::REPEAT_BACK, ty::F32, [3, 2, 1, 1], &[a], &[]);
+            }),
+        ),
+    ];
+    for (what, kind, build) in cases {
+        let mut g = G::new();
+        build(&mut g);
+        // the image is written back first: a refusal leaves it as it was
+        let error = g.run(2).unwrap_err();
+        assert_eq!(error.kind(), kind, "{what}: {error}");
+        assert_refused(&g, kind);
+    }
+}
