@@ -24,7 +24,7 @@ use proto_core::ggml::{op_name, type_info, GluOp, Op, UnaryOp};
 use proto_core::graph::{Graph, GraphTensor};
 use proto_core::{Error, Result};
 
-use super::memory::injective;
+use super::memory::{extent, injective};
 use super::quant;
 use super::view::{Layout, Scalar, I64};
 
@@ -202,6 +202,33 @@ pub(crate) enum Kernel {
     GetRowsBack,
     /// REPEAT_BACK: each destination element sums the source elements REPEAT copied it to.
     RepeatBack,
+    /// ACC: src0 with src1 added to the elements of a window of it.
+    Acc(Window),
+    /// SET: src0 with the elements of a window of it replaced by src1's.
+    Set(Window),
+    /// COUNT_EQUAL: how many elements of src0 and src1 are equal (an I64 scalar).
+    CountEqual,
+    /// DIAG: each row vector of src0 becomes the diagonal of a square matrix.
+    Diag,
+    /// GROUP_NORM: NORM over groups of channels (`ne2`) of each batch entry.
+    GroupNorm {
+        /// Channels per group: `ceil(ne2 / n_groups)` (the last group may have fewer).
+        per_group: usize,
+        /// Epsilon.
+        eps: f32,
+    },
+}
+
+/// Where ACC and SET put src1: element `(i0, i1, i2, i3)` of src1 goes to flat element
+/// `offset + i0 + i1 strides[0] + i2 strides[1] + i3 strides[2]` of the (contiguous)
+/// destination. The plan proved every such element inside the destination, and no two the
+/// same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// The first element (op_params[3] in bytes, divided by the element size).
+    pub offset: usize,
+    /// Element strides of dimensions 1..3 (op_params[0..3] in bytes, divided likewise).
+    pub strides: [usize; 3],
 }
 
 /// The linear-attention recurrences of [`Kernel::Wkv`].
@@ -801,6 +828,11 @@ impl Checker<'_> {
             Op::SOFT_MAX_BACK => self.soft_max_back(dst),
             Op::GET_ROWS_BACK => self.get_rows_back(dst),
             Op::REPEAT_BACK => self.repeat_back(dst),
+            Op::ACC => self.acc_or_set(dst, true),
+            Op::SET => self.acc_or_set(dst, false),
+            Op::COUNT_EQUAL => self.count_equal(dst),
+            Op::DIAG => self.diag(dst),
+            Op::GROUP_NORM => self.group_norm(dst),
             Op::SOFT_MAX => self.soft_max(dst),
             Op::FLASH_ATTN_EXT => self.flash_attn(dst),
             Op::GLU => self.glu(dst),
@@ -1859,5 +1891,145 @@ impl Checker<'_> {
             return Err(self.bad("REPEAT_BACK needs src0 and the destination packed along ne[0]"));
         }
         Ok((Kernel::RepeatBack, vec![Some(a)], vec![false]))
+    }
+
+    /// ACC (`acc == true`) and SET (`ggml_acc_impl`, `ggml_set_impl`): src0 and the destination
+    /// contiguous, same shape and type (F32; SET also I32); src1 of that type with packed rows,
+    /// no more elements than src0; op_params `nb1, nb2, nb3, offset` (bytes) place src1 in the
+    /// destination. They are client values: each must be a non-negative multiple of the
+    /// element size, the whole window inside the destination, and its elements distinct (ggml
+    /// checks less: where it writes past the tensor or races, this refuses). op_params[4]
+    /// (ggml's "in place") needs no decoding: src0 is copied unless it is the destination.
+    #[allow(clippy::type_complexity)]
+    fn acc_or_set(
+        &self,
+        dst: &Layout,
+        acc: bool,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        let type_ok = if acc {
+            a.type_id == ty::F32
+        } else {
+            a.type_id == ty::F32 || a.type_id == ty::I32
+        };
+        if !type_ok || b.type_id != a.type_id || dst.type_id != a.type_id {
+            return Err(self.refuse(if acc {
+                "ACC takes and gives F32"
+            } else {
+                "SET takes and gives F32 or I32"
+            }));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if !a.is_contiguous() || !dst.is_contiguous() || !b.dense_rows() {
+            return Err(self.bad("src0 and the destination must be contiguous, src1 packed"));
+        }
+        if b.elements() > a.elements() {
+            return Err(self.bad("src1 has more elements than src0"));
+        }
+        let size = a.type_size;
+        let bytes = [0, 1, 2, 3].map(|slot| self.param(slot));
+        let in_elements = bytes.map(|v| {
+            usize::try_from(v)
+                .ok()
+                .filter(|v| v.is_multiple_of(size))
+                .map(|v| v / size)
+        });
+        let [Some(s1), Some(s2), Some(s3), Some(offset)] = in_elements else {
+            return Err(self.bad(format!(
+                "window strides and offset {bytes:?} must be non-negative multiples of {size}"
+            )));
+        };
+        let window = Layout {
+            ne: b.ne,
+            nb: [size, s1 * size, s2 * size, s3 * size],
+            ..*dst
+        };
+        if !b.is_empty() {
+            let inside = extent(&window)
+                .and_then(|end| end.checked_add(offset * size))
+                .is_some_and(|end| end <= dst.size);
+            if !inside {
+                return Err(self.bad(format!(
+                    "a window of {:?} at strides {bytes:?} reaches beyond the destination",
+                    b.ne
+                )));
+            }
+            if !injective(&window) {
+                return Err(self.bad("the window's elements overlap each other"));
+            }
+        }
+        let window = Window {
+            offset,
+            strides: [s1, s2, s3],
+        };
+        let kernel = if acc {
+            Kernel::Acc(window)
+        } else {
+            Kernel::Set(window)
+        };
+        Ok((kernel, vec![Some(a), Some(b)], vec![true, false]))
+    }
+
+    /// COUNT_EQUAL (`ggml_count_equal`): two I32 tensors of one shape give an I64 scalar.
+    #[allow(clippy::type_complexity)]
+    fn count_equal(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        if a.type_id != ty::I32 || b.type_id != ty::I32 || dst.type_id != I64 {
+            return Err(self.refuse("COUNT_EQUAL takes I32 tensors and gives I64"));
+        }
+        self.same_shape(&a, &b, "the two sources")?;
+        if dst.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the destination of COUNT_EQUAL must be a scalar"));
+        }
+        Ok((
+            Kernel::CountEqual,
+            vec![Some(a), Some(b)],
+            vec![false, false],
+        ))
+    }
+
+    /// DIAG (`ggml_diag`): F32 rows `{n, 1, ne2, ne3}` give `{n, n, ne2, ne3}`, both packed
+    /// along dimension 0.
+    #[allow(clippy::type_complexity)]
+    fn diag(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("DIAG takes and gives F32"));
+        }
+        if a.ne[1] != 1 || dst.ne != [a.ne[0], a.ne[0], a.ne[2], a.ne[3]] {
+            return Err(self.bad(format!("DIAG of {:?} cannot give {:?}", a.ne, dst.ne)));
+        }
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("DIAG needs rows packed along ne[0]"));
+        }
+        Ok((Kernel::Diag, vec![Some(a)], vec![false]))
+    }
+
+    /// GROUP_NORM (`ggml_group_norm`): F32 with packed rows, the destination of src0's shape;
+    /// op_params `n_groups` (positive) and `eps`. ggml may compute it in place.
+    #[allow(clippy::type_complexity)]
+    fn group_norm(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("GROUP_NORM takes and gives F32"));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("GROUP_NORM needs rows packed along ne[0]"));
+        }
+        let groups = usize::try_from(self.param(0))
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| self.bad(format!("{} groups", self.param(0))))?;
+        // ggml takes any epsilon here (unlike NORM's, no assertion)
+        let eps = self.fparam(1);
+        Ok((
+            Kernel::GroupNorm {
+                per_group: a.ne[2].div_ceil(groups),
+                eps,
+            },
+            vec![Some(a)],
+            vec![true],
+        ))
     }
 }

@@ -1,5 +1,5 @@
 //! Tests of the training ops — OUT_PROD, ROPE_BACK, SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK,
-//! GET_ROWS_BACK, REPEAT_BACK: results against naive f64 references written here (several
+//! GET_ROWS_BACK, REPEAT_BACK, ACC, SET, COUNT_EQUAL, DIAG, GROUP_NORM: results against naive f64 references written here (several
 //! shapes, broadcast, transposed and permuted sources, in-place forms), ROPE then ROPE_BACK
 //! giving the input back, the same bytes from one and three threads, and refusals of
 //! malformed nodes before anything is written.
@@ -461,6 +461,223 @@ fn repeat_back_sums_every_repetition_including_permuted_sources() {
     }
 }
 
+// --- ACC, SET --------------------------------------------------------------------------------
+
+/// op_params of ACC / SET: byte strides of dimensions 1..3, byte offset, ggml's in-place flag.
+fn window_params(strides: [usize; 3], offset: usize, in_place: bool) -> [i32; 5] {
+    [
+        strides[0] as i32,
+        strides[1] as i32,
+        strides[2] as i32,
+        offset as i32,
+        i32::from(in_place),
+    ]
+}
+
+/// src0 with src1 placed (added or set) at element `offset + i0 + Σ i_d strides[d - 1]`.
+fn window_reference(
+    a: &[f32],
+    b: &[f32],
+    b_ne: [usize; 4],
+    strides: [usize; 3],
+    offset: usize,
+    add: bool,
+) -> Vec<f64> {
+    let mut out = wide(a);
+    for i3 in 0..b_ne[3] {
+        for i2 in 0..b_ne[2] {
+            for i1 in 0..b_ne[1] {
+                for i0 in 0..b_ne[0] {
+                    let e = offset + i0 + i1 * strides[0] + i2 * strides[1] + i3 * strides[2];
+                    let v = f64::from(b[at(b_ne, [i0, i1, i2, i3])]);
+                    // ACC adds in f32
+                    out[e] = if add { f64::from(a[e] + v as f32) } else { v };
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Element type, src0 shape, src1 shape, window strides and offset in elements.
+type WindowCase = (u32, [usize; 4], [usize; 4], [usize; 3], usize);
+
+#[test]
+fn acc_and_set_place_src1_in_a_window_separately_and_in_place() {
+    let mut rng = Rng::new(409);
+    let cases: [WindowCase; 5] = [
+        (ty::F32, [16, 5, 1, 1], [16, 4, 1, 1], [16, 64, 64], 16),
+        (ty::F32, [12, 5, 4, 3], [6, 5, 4, 3], [6, 30, 120], 3),
+        (ty::F32, [10, 7, 3, 1], [3, 2, 2, 1], [10, 70, 210], 12),
+        // rows of the window cross destination rows
+        (ty::F32, [5, 8, 1, 1], [7, 3, 1, 1], [9, 27, 27], 4),
+        (ty::I32, [12, 5, 4, 3], [6, 5, 4, 3], [6, 30, 120], 3),
+    ];
+    for (type_id, a_ne, b_ne, strides, offset) in cases {
+        for add in [false, true] {
+            if add && type_id != ty::F32 {
+                continue;
+            }
+            for in_place in [false, true] {
+                let op = if add { Op::ACC } else { Op::SET };
+                let what =
+                    format!("{op:?} type {type_id}, {a_ne:?} <- {b_ne:?}, in place {in_place}");
+                let mut a_values = rng.values(a_ne.iter().product(), 4.0);
+                let mut b_values = rng.values(b_ne.iter().product(), 4.0);
+                if type_id == ty::I32 {
+                    // large integers, which an f32 round trip would not keep
+                    for v in a_values.iter_mut().chain(b_values.iter_mut()) {
+                        *v = (*v * 1e3).round();
+                    }
+                }
+                let size = 4;
+                let params = window_params(strides.map(|s| s * size), offset * size, in_place);
+                let mut g = G::new();
+                let a = g.input(type_id, a_ne, &a_values);
+                let b = g.input(type_id, b_ne, &b_values);
+                let out = if in_place {
+                    g.node_into(op, a, &[a, b], &params)
+                } else {
+                    g.node(op, type_id, a_ne, &[a, b], &params)
+                };
+                let got = result(&g, out, &what);
+                let want = window_reference(&a_values, &b_values, b_ne, strides, offset, add);
+                assert_close(&got, &want, 0.0, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn set_of_i32_keeps_every_bit() {
+    let big = [16_777_217i64, -2_147_483_648, 2_147_483_647, 5];
+    let mut g = G::new();
+    let a = g.ids(ty::I32, [4, 1, 1, 1], &[0, 0, 0, 0]);
+    let b = g.ids(ty::I32, [4, 1, 1, 1], &big);
+    let out = g.node(
+        Op::SET,
+        ty::I32,
+        [4, 1, 1, 1],
+        &[a, b],
+        &window_params([16, 16, 16], 0, false),
+    );
+    let bytes = run_both(&g, "SET I32");
+    let want: Vec<u8> = big.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+    assert_eq!(g.raw(&bytes, out), want);
+}
+
+// --- COUNT_EQUAL, DIAG, GROUP_NORM -----------------------------------------------------------
+
+#[test]
+fn count_equal_counts_over_every_element_of_strided_sources() {
+    let mut rng = Rng::new(410);
+    for ne in [[4, 1, 1, 1], [500, 1, 1, 1], [7, 5, 3, 2]] {
+        let count: usize = ne.iter().product();
+        let a: Vec<i64> = (0..count).map(|_| rng.below(4) as i64).collect();
+        let b: Vec<i64> = (0..count).map(|_| rng.below(4) as i64).collect();
+        let want = a.iter().zip(&b).filter(|(x, y)| x == y).count() as i64;
+        let mut g = G::new();
+        let a_t = g.ids(ty::I32, ne, &a);
+        // b stored transposed in dimensions 0 and 1, read through a permuted view
+        let mut stored = vec![0i64; count];
+        let stored_ne = [ne[1], ne[0], ne[2], ne[3]];
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    for i0 in 0..ne[0] {
+                        stored[at(stored_ne, [i1, i0, i2, i3])] = b[at(ne, [i0, i1, i2, i3])];
+                    }
+                }
+            }
+        }
+        let base = g.ids(ty::I32, stored_ne, &stored);
+        let b_t = g.permute(base, [1, 0, 2, 3]);
+        let out = g.node(
+            Op::COUNT_EQUAL,
+            super::view::I64,
+            [1, 1, 1, 1],
+            &[a_t, b_t],
+            &[],
+        );
+        let bytes = run_both(&g, "COUNT_EQUAL");
+        assert_eq!(g.raw(&bytes, out), want.to_le_bytes(), "COUNT_EQUAL {ne:?}");
+    }
+}
+
+#[test]
+fn diag_puts_each_vector_on_a_diagonal() {
+    let mut rng = Rng::new(411);
+    for ne in [[1, 1, 1, 1], [10, 1, 4, 3], [79, 1, 19, 2]] {
+        let x = rng.values(ne.iter().product(), 1.0);
+        let mut g = G::new();
+        let a = g.input(ty::F32, ne, &x);
+        let dst_ne = [ne[0], ne[0], ne[2], ne[3]];
+        let out = g.node(Op::DIAG, ty::F32, dst_ne, &[a], &[]);
+        let got = result(&g, out, "DIAG");
+        let mut want = vec![0.0f64; dst_ne.iter().product()];
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i in 0..ne[0] {
+                    want[at(dst_ne, [i, i, i2, i3])] = f64::from(x[at(ne, [i, 0, i2, i3])]);
+                }
+            }
+        }
+        assert_close(&got, &want, 0.0, &format!("DIAG {ne:?}"));
+    }
+}
+
+#[test]
+fn group_norm_normalizes_groups_of_channels_separately_and_in_place() {
+    let mut rng = Rng::new(412);
+    // (shape, groups): uneven groups, more groups than channels, batches
+    for (ne, groups) in [
+        ([4, 3, 8, 1], 2usize),
+        ([5, 2, 7, 2], 3),
+        ([3, 3, 2, 1], 5),
+        ([9, 9, 12, 1], 4),
+    ] {
+        for in_place in [false, true] {
+            let what = format!("GROUP_NORM {ne:?}, {groups} groups, in place {in_place}");
+            let x = rng.values(ne.iter().product(), 3.0);
+            let eps = 1e-6f32;
+            let params = [groups as i32, f(eps)];
+            let mut g = G::new();
+            let a = g.input(ty::F32, ne, &x);
+            let out = if in_place {
+                g.node_into(Op::GROUP_NORM, a, &[a], &params)
+            } else {
+                g.node(Op::GROUP_NORM, ty::F32, ne, &[a], &params)
+            };
+            let got = result(&g, out, &what);
+            let per = ne[2].div_ceil(groups);
+            let mut want = vec![0.0f64; x.len()];
+            for i3 in 0..ne[3] {
+                for start in (0..ne[2]).step_by(per) {
+                    let channels = start..(start + per).min(ne[2]);
+                    let members: Vec<usize> = channels
+                        .flat_map(|i2| {
+                            (0..ne[1]).flat_map(move |i1| {
+                                (0..ne[0]).map(move |i0| at(ne, [i0, i1, i2, i3]))
+                            })
+                        })
+                        .collect();
+                    let n = members.len() as f64;
+                    let mean = members.iter().map(|&e| f64::from(x[e])).sum::<f64>() / n;
+                    let var = members
+                        .iter()
+                        .map(|&e| (f64::from(x[e]) - mean).powi(2))
+                        .sum::<f64>()
+                        / n;
+                    for &e in &members {
+                        want[e] = (f64::from(x[e]) - mean) / (var + f64::from(eps)).sqrt();
+                    }
+                }
+            }
+            assert_close(&got, &want, 1e-10, &what);
+        }
+    }
+}
+
 // --- refusals --------------------------------------------------------------------------------
 
 #[test]
@@ -660,6 +877,139 @@ fn malformed_training_nodes_are_refused_before_anything_is_written() {
                 let base = g.zeros(ty::F32, [4, 6, 1, 1]);
                 let a = g.permute(base, [1, 0, 2, 3]);
                 g.node(Op::REPEAT_BACK, ty::F32, [3, 2, 1, 1], &[a], &[]);
+            }),
+        ),
+        (
+            "ACC with a window beyond the destination",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 4, 1, 1]);
+                let b = g.zeros(ty::F32, [8, 2, 1, 1]);
+                g.node(
+                    Op::ACC,
+                    ty::F32,
+                    [8, 4, 1, 1],
+                    &[a, b],
+                    &window_params([32, 64, 64], 96, false),
+                );
+            }),
+        ),
+        (
+            "ACC with a negative offset",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 4, 1, 1]);
+                let b = g.zeros(ty::F32, [8, 2, 1, 1]);
+                g.node(
+                    Op::ACC,
+                    ty::F32,
+                    [8, 4, 1, 1],
+                    &[a, b],
+                    &[32, 64, 64, -4, 0],
+                );
+            }),
+        ),
+        (
+            "SET with a stride that is not a whole element",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 4, 1, 1]);
+                let b = g.zeros(ty::F32, [4, 2, 1, 1]);
+                g.node(Op::SET, ty::F32, [8, 4, 1, 1], &[a, b], &[34, 64, 64, 0, 0]);
+            }),
+        ),
+        (
+            "SET with window rows overlapping each other",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [8, 4, 1, 1]);
+                let b = g.zeros(ty::F32, [4, 3, 1, 1]);
+                g.node(
+                    Op::SET,
+                    ty::F32,
+                    [8, 4, 1, 1],
+                    &[a, b],
+                    &window_params([8, 64, 64], 0, false),
+                );
+            }),
+        ),
+        (
+            "SET of F16",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F16, [8, 4, 1, 1]);
+                let b = g.zeros(ty::F16, [4, 2, 1, 1]);
+                g.node(
+                    Op::SET,
+                    ty::F16,
+                    [8, 4, 1, 1],
+                    &[a, b],
+                    &window_params([16, 16, 16], 0, false),
+                );
+            }),
+        ),
+        (
+            "ACC of a transposed src0",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let base = g.zeros(ty::F32, [4, 8, 1, 1]);
+                let a = g.permute(base, [1, 0, 2, 3]);
+                let b = g.zeros(ty::F32, [4, 2, 1, 1]);
+                g.node(
+                    Op::ACC,
+                    ty::F32,
+                    [8, 4, 1, 1],
+                    &[a, b],
+                    &window_params([32, 64, 64], 0, false),
+                );
+            }),
+        ),
+        (
+            "COUNT_EQUAL of different shapes",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.ids(ty::I32, [4, 1, 1, 1], &[0; 4]);
+                let b = g.ids(ty::I32, [5, 1, 1, 1], &[0; 5]);
+                g.node(
+                    Op::COUNT_EQUAL,
+                    super::view::I64,
+                    [1, 1, 1, 1],
+                    &[a, b],
+                    &[],
+                );
+            }),
+        ),
+        (
+            "COUNT_EQUAL into I32",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let a = g.ids(ty::I32, [4, 1, 1, 1], &[0; 4]);
+                let b = g.ids(ty::I32, [4, 1, 1, 1], &[0; 4]);
+                g.node(Op::COUNT_EQUAL, ty::I32, [1, 1, 1, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "DIAG of a matrix",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 2, 1, 1]);
+                g.node(Op::DIAG, ty::F32, [4, 4, 1, 1], &[a], &[]);
+            }),
+        ),
+        (
+            "GROUP_NORM with no groups",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 2, 6, 1]);
+                g.node(Op::GROUP_NORM, ty::F32, [4, 2, 6, 1], &[a], &[0, f(1e-6)]);
+            }),
+        ),
+        (
+            "GROUP_NORM of F16",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F16, [4, 2, 6, 1]);
+                g.node(Op::GROUP_NORM, ty::F16, [4, 2, 6, 1], &[a], &[2, f(1e-6)]);
             }),
         ),
     ];

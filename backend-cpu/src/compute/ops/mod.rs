@@ -7,8 +7,8 @@
 //! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, ADD_ID, the element-wise maps |
 //! | `unary.rs` | the maps' math: UNARY sub-ops, SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU |
 //! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK) |
-//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K |
-//! | `norm.rs` | NORM, RMS_NORM, L2_NORM |
+//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K, COUNT_EQUAL |
+//! | `norm.rs` | NORM, RMS_NORM, L2_NORM, GROUP_NORM |
 //! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
 //! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN), ROPE_BACK |
 //! | `out_prod.rs` | OUT_PROD |
@@ -17,7 +17,8 @@
 //! | `attention.rs` | FLASH_ATTN_EXT |
 //! | `ssm.rs` | SSM_CONV, SSM_SCAN (Mamba 1 and 2) |
 //! | `rwkv.rs` | RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN |
-//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI |
+//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI, DIAG |
+//! | `window.rs` | ACC, SET |
 //! | `delta_net.rs` | GATED_DELTA_NET |
 //! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //!
@@ -48,6 +49,7 @@ mod scan;
 mod softmax;
 mod ssm;
 mod unary;
+mod window;
 
 #[cfg(test)]
 pub(super) use unary::{gelu_exact, gelu_quick_exact};
@@ -118,6 +120,11 @@ pub(crate) fn execute(
         Kernel::SoftMaxBack { scale } => backward::soft_max_back(&node, dst, scale),
         Kernel::GetRowsBack => backward::get_rows_back(&node, dst),
         Kernel::RepeatBack => backward::repeat_back(&node, dst),
+        Kernel::Acc(window) => window::acc_or_set(&node, dst, window, true),
+        Kernel::Set(window) => window::acc_or_set(&node, dst, window, false),
+        Kernel::CountEqual => reduce::count_equal(&node, dst),
+        Kernel::Diag => scan::diag(&node, dst),
+        Kernel::GroupNorm { per_group, eps } => norm::group_norm(&node, dst, per_group, eps),
         Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
         Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
         Kernel::FlashAttn {
