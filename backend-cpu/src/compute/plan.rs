@@ -210,6 +210,24 @@ pub(crate) enum Kernel {
     CountEqual,
     /// DIAG: each row vector of src0 becomes the diagonal of a square matrix.
     Diag,
+    /// CROSS_ENTROPY_LOSS: `-Σ_rows Σ labels · log_softmax(logits) / rows`, an F32 scalar.
+    CrossEntropyLoss,
+    /// CROSS_ENTROPY_LOSS_BACK: `(softmax(logits) - labels) · grad / rows` per row (src0 the
+    /// loss's gradient, src1 the logits, src2 the labels).
+    CrossEntropyLossBack,
+    /// The first two steps of OPT_STEP_ADAMW, updating a moment in place (src0, the
+    /// destination) from the gradient (src1) and the optimizer's parameters (src2):
+    /// `m = m β1 + g (1 - β1)`, or (`second`) `v = v β2 + g² (1 - β2)`.
+    AdamwMoment {
+        /// `v` (β2, the squared gradient) rather than `m`.
+        second: bool,
+    },
+    /// The last step of OPT_STEP_ADAMW: the weights (src0, the destination) from the updated
+    /// moments (src1 `m`, src2 `v`) and the parameters (src3).
+    AdamwWeights,
+    /// OPT_STEP_SGD: `w = w (1 - α wd) - α g` (src0 the weights, the destination; src1 the
+    /// gradient; src2 `α, wd`).
+    SgdStep,
     /// GROUP_NORM: NORM over groups of channels (`ne2`) of each batch entry.
     GroupNorm {
         /// Channels per group: `ceil(ne2 / n_groups)` (the last group may have fewer).
@@ -450,9 +468,7 @@ pub(crate) fn build(
             node,
             buffer_len,
         };
-        if let Some(step) = checker.plan()? {
-            steps.push(step);
-        }
+        steps.extend(checker.plan()?);
     }
     Ok(steps)
 }
@@ -631,18 +647,23 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn plan(&self) -> Result<Option<Step>> {
+    /// The steps of the node: none for an empty destination, one for most ops.
+    fn plan(&self) -> Result<Vec<Step>> {
         let dst = self.layout(self.node)?;
         if dst.is_empty() {
             // Nothing to compute, nothing to touch.
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if !injective(&dst) {
             return Err(self.bad("the destination's elements overlap each other"));
         }
+        if Op(self.op()) == Op::OPT_STEP_ADAMW {
+            // the one op here that writes into its sources: a step per tensor it updates
+            return self.adamw(&dst);
+        }
         let (kernel, srcs, in_place) = self.kernel(&dst)?;
         self.check_aliasing(&dst, &srcs, &in_place)?;
-        Ok(Some(self.step(kernel, dst, srcs)))
+        Ok(vec![self.step(kernel, dst, srcs)])
     }
 
     /// The kernel of the node, the sources it reads, and which of them may be the destination.
@@ -833,6 +854,9 @@ impl Checker<'_> {
             Op::COUNT_EQUAL => self.count_equal(dst),
             Op::DIAG => self.diag(dst),
             Op::GROUP_NORM => self.group_norm(dst),
+            Op::CROSS_ENTROPY_LOSS => self.cross_entropy_loss(dst),
+            Op::CROSS_ENTROPY_LOSS_BACK => self.cross_entropy_loss_back(dst),
+            Op::OPT_STEP_SGD => self.sgd(dst),
             Op::SOFT_MAX => self.soft_max(dst),
             Op::FLASH_ATTN_EXT => self.flash_attn(dst),
             Op::GLU => self.glu(dst),
@@ -2031,5 +2055,137 @@ impl Checker<'_> {
             vec![Some(a)],
             vec![true],
         ))
+    }
+
+    /// CROSS_ENTROPY_LOSS (`ggml_cross_entropy_loss`): F32 logits and labels of one shape,
+    /// packed along dimension 0, give an F32 scalar.
+    #[allow(clippy::type_complexity)]
+    fn cross_entropy_loss(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (logits, labels) = (self.need(0)?, self.need(1)?);
+        if logits.type_id != ty::F32 || labels.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("CROSS_ENTROPY_LOSS takes and gives F32"));
+        }
+        self.same_shape(&logits, &labels, "logits and labels")?;
+        if dst.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the destination of CROSS_ENTROPY_LOSS must be a scalar"));
+        }
+        if !logits.dense_rows() || !labels.dense_rows() {
+            return Err(self.bad("CROSS_ENTROPY_LOSS needs rows packed along ne[0]"));
+        }
+        Ok((
+            Kernel::CrossEntropyLoss,
+            vec![Some(logits), Some(labels)],
+            vec![false, false],
+        ))
+    }
+
+    /// CROSS_ENTROPY_LOSS_BACK (`ggml_cross_entropy_loss_back`): an F32 scalar gradient,
+    /// contiguous F32 logits and labels of the destination's shape (contiguous too).
+    #[allow(clippy::type_complexity)]
+    fn cross_entropy_loss_back(
+        &self,
+        dst: &Layout,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (grad, logits, labels) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        if [&grad, &logits, &labels, dst]
+            .iter()
+            .any(|t| t.type_id != ty::F32)
+        {
+            return Err(self.refuse("CROSS_ENTROPY_LOSS_BACK takes and gives F32"));
+        }
+        if grad.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the loss's gradient must be a scalar"));
+        }
+        self.same_shape(&logits, dst, "the logits and the destination")?;
+        self.same_shape(&labels, dst, "the labels and the destination")?;
+        if !logits.is_contiguous() || !labels.is_contiguous() || !dst.is_contiguous() {
+            return Err(self.bad("CROSS_ENTROPY_LOSS_BACK needs contiguous tensors"));
+        }
+        Ok((
+            Kernel::CrossEntropyLossBack,
+            vec![Some(grad), Some(logits), Some(labels)],
+            vec![false; 3],
+        ))
+    }
+
+    /// The optimizer steps' common rules: the destination is the weights (src0) themselves
+    /// (ggml's result is a view of them, and it writes the weights), F32; the per-element
+    /// tensors `others` share the weights' shape and strides (ggml's kernel walks them all
+    /// with the weights' strides), rows packed; `params` holds `count` contiguous F32 values.
+    fn optimizer_operands(
+        &self,
+        dst: &Layout,
+        weights: &Layout,
+        others: &[Layout],
+        params: &Layout,
+        count: usize,
+    ) -> Result<()> {
+        if weights.type_id != ty::F32 || others.iter().any(|t| t.type_id != ty::F32) {
+            return Err(self.refuse("optimizer steps take F32 tensors"));
+        }
+        if params.type_id != ty::F32 {
+            return Err(self.bad("optimizer parameters must be F32"));
+        }
+        if alias(dst, weights) != Alias::Same {
+            return Err(self.bad("the destination must be the weights (src0) themselves"));
+        }
+        if others
+            .iter()
+            .any(|t| t.ne != weights.ne || t.nb != weights.nb)
+        {
+            return Err(
+                self.bad("the optimizer's tensors differ from the weights in shape or strides")
+            );
+        }
+        if !weights.dense_rows() {
+            return Err(self.bad("optimizer steps need rows packed along ne[0]"));
+        }
+        if params.elements() != count || !params.is_contiguous() {
+            return Err(self.bad(format!("the optimizer needs {count} contiguous parameters")));
+        }
+        Ok(())
+    }
+
+    /// OPT_STEP_SGD (`ggml_opt_step_sgd`): weights, gradient, and `α, wd`.
+    #[allow(clippy::type_complexity)]
+    fn sgd(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (w, g, params) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        self.optimizer_operands(dst, &w, &[g], &params, 2)?;
+        Ok((
+            Kernel::SgdStep,
+            vec![Some(w), Some(g), Some(params)],
+            vec![true, false, false],
+        ))
+    }
+
+    /// OPT_STEP_ADAMW (`ggml_opt_step_adamw`): weights, gradient, moments `m` and `v`, and the
+    /// seven parameters `α, β1, β2, eps, wd, β1h, β2h`. ggml updates `m`, `v` and the weights
+    /// element by element, each weight from its element's new moments; here three steps do
+    /// the same arithmetic one tensor at a time (`m`, then `v`, then the weights), each
+    /// writing only its own destination. Every tensor must be apart from the others (checked
+    /// per step: the gradient and the parameters are sources of all three, so no step
+    /// overwrites what a later one reads).
+    fn adamw(&self, dst: &Layout) -> Result<Vec<Step>> {
+        let [w, g, m, v, params] = [0, 1, 2, 3, 4].map(|slot| self.need(slot));
+        let (w, g, m, v, params) = (w?, g?, m?, v?, params?);
+        self.optimizer_operands(dst, &w, &[g, m, v], &params, 7)?;
+        // the moments are destinations of their steps: as any destination, injective
+        if !injective(&m) || !injective(&v) {
+            return Err(self.bad("a moment's elements overlap each other"));
+        }
+        let moment = |second: bool, target: Layout| -> Result<Step> {
+            let srcs = vec![Some(target), Some(g), Some(params), Some(w)];
+            // the weights are listed (not read) so that this step may not write them
+            self.check_aliasing(&target, &srcs, &[true, false, false, false])?;
+            Ok(self.step(Kernel::AdamwMoment { second }, target, srcs))
+        };
+        let first = moment(false, m)?;
+        let second = moment(true, v)?;
+        // the moments must not overlap each other either
+        self.check_aliasing(&v, &[Some(m)], &[false])?;
+        let srcs = vec![Some(w), Some(m), Some(v), Some(params), Some(g)];
+        self.check_aliasing(dst, &srcs, &[true, false, false, false, false])?;
+        let weights = self.step(Kernel::AdamwWeights, *dst, srcs);
+        Ok(vec![first, second, weights])
     }
 }

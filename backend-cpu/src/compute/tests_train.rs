@@ -1,5 +1,6 @@
 //! Tests of the training ops — OUT_PROD, ROPE_BACK, SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK,
-//! GET_ROWS_BACK, REPEAT_BACK, ACC, SET, COUNT_EQUAL, DIAG, GROUP_NORM: results against naive f64 references written here (several
+//! GET_ROWS_BACK, REPEAT_BACK, ACC, SET, COUNT_EQUAL, DIAG, GROUP_NORM, CROSS_ENTROPY_LOSS,
+//! CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD: results against naive f64 references written here (several
 //! shapes, broadcast, transposed and permuted sources, in-place forms), ROPE then ROPE_BACK
 //! giving the input back, the same bytes from one and three threads, and refusals of
 //! malformed nodes before anything is written.
@@ -678,6 +679,155 @@ fn group_norm_normalizes_groups_of_channels_separately_and_in_place() {
     }
 }
 
+// --- CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD --------------
+
+/// Rows of softmax probabilities (labels that add up to 1).
+fn softmax_rows(values: &mut [f32], width: usize) {
+    for row in values.chunks_mut(width) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+        row.iter_mut().for_each(|v| *v = (*v - max).exp() / sum);
+    }
+}
+
+/// f64 softmax of one row.
+fn softmax64(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+    let exps: Vec<f64> = row.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+#[test]
+fn cross_entropy_loss_and_its_gradient() {
+    let mut rng = Rng::new(413);
+    for (ne, spread) in [
+        ([10, 5, 4, 3], 100.0f32),
+        ([3000, 1, 1, 1], 10.0),
+        ([7, 2, 1, 1], 1.0),
+    ] {
+        let what = format!("CROSS_ENTROPY_LOSS {ne:?}");
+        let count: usize = ne.iter().product();
+        let width = ne[0];
+        let rows = count / width;
+        let logits = rng.values(count, spread);
+        let mut labels = rng.values(count, 3.0);
+        softmax_rows(&mut labels, width);
+        let grad = 0.75f32;
+        let mut g = G::new();
+        let logits_t = g.input(ty::F32, ne, &logits);
+        let labels_t = g.input(ty::F32, ne, &labels);
+        let grad_t = g.input(ty::F32, [1, 1, 1, 1], &[grad]);
+        let loss = g.node(
+            Op::CROSS_ENTROPY_LOSS,
+            ty::F32,
+            [1, 1, 1, 1],
+            &[logits_t, labels_t],
+            &[],
+        );
+        let back = g.node(
+            Op::CROSS_ENTROPY_LOSS_BACK,
+            ty::F32,
+            ne,
+            &[grad_t, logits_t, labels_t],
+            &[],
+        );
+        let bytes = run_both(&g, &what);
+        let mut want_loss = 0.0f64;
+        let mut want_back = Vec::with_capacity(count);
+        for (x, y) in logits.chunks(width).zip(labels.chunks(width)) {
+            let p = softmax64(x);
+            for (pi, &yi) in p.iter().zip(y) {
+                want_loss -= f64::from(yi) * pi.ln();
+                want_back.push((pi - f64::from(yi)) * f64::from(grad) / rows as f64);
+            }
+        }
+        want_loss /= rows as f64;
+        assert_close(&g.read(&bytes, loss), &[want_loss], 1e-10, &what);
+        assert_close(
+            &g.read(&bytes, back),
+            &want_back,
+            1e-10,
+            &format!("{what} back"),
+        );
+    }
+}
+
+#[test]
+fn opt_step_adamw_updates_moments_and_weights_in_place() {
+    let mut rng = Rng::new(414);
+    for ne in [[10, 5, 4, 3], [1, 1, 1, 1], [33, 7, 1, 1]] {
+        let count: usize = ne.iter().product();
+        let positive = |rng: &mut Rng, n: usize| -> Vec<f32> {
+            rng.values(n, 1.0).iter().map(|v| v.abs()).collect()
+        };
+        let (w, grad, m, v) = (
+            rng.values(count, 1.0),
+            rng.values(count, 1.0),
+            rng.values(count, 1.0),
+            positive(&mut rng, count),
+        );
+        // alpha, beta1, beta2, eps, wd, beta1h, beta2h
+        let params = [
+            1e-3f32,
+            0.9,
+            0.999,
+            1e-8,
+            0.1,
+            1.0 / (1.0 - 0.9),
+            1.0 / (1.0 - 0.999),
+        ];
+        let mut g = G::new();
+        let w_t = g.input(ty::F32, ne, &w);
+        let g_t = g.input(ty::F32, ne, &grad);
+        let m_t = g.input(ty::F32, ne, &m);
+        let v_t = g.input(ty::F32, ne, &v);
+        let p_t = g.input(ty::F32, [7, 1, 1, 1], &params);
+        let out = g.node_into(Op::OPT_STEP_ADAMW, w_t, &[w_t, g_t, m_t, v_t, p_t], &[]);
+        let bytes = run_both(&g, &format!("OPT_STEP_ADAMW {ne:?}"));
+        let [alpha, beta1, beta2, eps, wd, beta1h, beta2h] = params.map(f64::from);
+        let (mut want_w, mut want_m, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..count {
+            let gi = f64::from(grad[i]);
+            let mi = f64::from(m[i]) * beta1 + gi * (1.0 - beta1);
+            let vi = f64::from(v[i]) * beta2 + gi * gi * (1.0 - beta2);
+            let step = alpha * (mi * beta1h) / ((vi * beta2h).sqrt() + eps);
+            want_w.push(f64::from(w[i]) * (1.0 - alpha * wd) - step);
+            want_m.push(mi);
+            want_v.push(vi);
+        }
+        assert_close(&g.read(&bytes, out), &want_w, 1e-12, "ADAMW weights");
+        assert_close(&g.read(&bytes, m_t), &want_m, 1e-12, "ADAMW m");
+        assert_close(&g.read(&bytes, v_t), &want_v, 1e-12, "ADAMW v");
+        assert_eq!(g.read(&bytes, g_t), grad, "the gradient is not written");
+    }
+}
+
+#[test]
+fn opt_step_sgd_updates_the_weights_in_place() {
+    let mut rng = Rng::new(415);
+    for ne in [[10, 5, 4, 3], [64, 3, 1, 1]] {
+        let count: usize = ne.iter().product();
+        let (w, grad) = (rng.values(count, 1.0), rng.values(count, 1.0));
+        let params = [0.05f32, 0.01];
+        let mut g = G::new();
+        let w_t = g.input(ty::F32, ne, &w);
+        let g_t = g.input(ty::F32, ne, &grad);
+        let p_t = g.input(ty::F32, [2, 1, 1, 1], &params);
+        let out = g.node_into(Op::OPT_STEP_SGD, w_t, &[w_t, g_t, p_t], &[]);
+        let got = result(&g, out, "OPT_STEP_SGD");
+        let (alpha, wd) = (f64::from(params[0]), f64::from(params[1]));
+        let want: Vec<f64> = w
+            .iter()
+            .zip(&grad)
+            .map(|(&w, &g)| f64::from(w) * (1.0 - alpha * wd) - alpha * f64::from(g))
+            .collect();
+        assert_close(&got, &want, 1e-12, &format!("OPT_STEP_SGD {ne:?}"));
+    }
+}
+
 // --- refusals --------------------------------------------------------------------------------
 
 #[test]
@@ -1010,6 +1160,86 @@ fn malformed_training_nodes_are_refused_before_anything_is_written() {
             Box::new(|g: &mut G| {
                 let a = g.zeros(ty::F16, [4, 2, 6, 1]);
                 g.node(Op::GROUP_NORM, ty::F16, [4, 2, 6, 1], &[a], &[2, f(1e-6)]);
+            }),
+        ),
+        (
+            "CROSS_ENTROPY_LOSS of different shapes",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let a = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let b = g.zeros(ty::F32, [4, 2, 1, 1]);
+                g.node(Op::CROSS_ENTROPY_LOSS, ty::F32, [1, 1, 1, 1], &[a, b], &[]);
+            }),
+        ),
+        (
+            "CROSS_ENTROPY_LOSS_BACK with a vector gradient",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let grad = g.zeros(ty::F32, [2, 1, 1, 1]);
+                let a = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let b = g.zeros(ty::F32, [4, 3, 1, 1]);
+                g.node(
+                    Op::CROSS_ENTROPY_LOSS_BACK,
+                    ty::F32,
+                    [4, 3, 1, 1],
+                    &[grad, a, b],
+                    &[],
+                );
+            }),
+        ),
+        (
+            "OPT_STEP_SGD into a tensor other than the weights",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let w = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let grad = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let p = g.zeros(ty::F32, [2, 1, 1, 1]);
+                g.node(Op::OPT_STEP_SGD, ty::F32, [4, 3, 1, 1], &[w, grad, p], &[]);
+            }),
+        ),
+        (
+            "OPT_STEP_SGD with three parameters",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let w = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let grad = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let p = g.zeros(ty::F32, [3, 1, 1, 1]);
+                g.node_into(Op::OPT_STEP_SGD, w, &[w, grad, p], &[]);
+            }),
+        ),
+        (
+            "OPT_STEP_ADAMW with m being the gradient",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let w = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let grad = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let v = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let p = g.zeros(ty::F32, [7, 1, 1, 1]);
+                g.node_into(Op::OPT_STEP_ADAMW, w, &[w, grad, grad, v, p], &[]);
+            }),
+        ),
+        (
+            "OPT_STEP_ADAMW with a moment of another shape",
+            ErrorKind::InvalidGraph,
+            Box::new(|g: &mut G| {
+                let w = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let grad = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let m = g.zeros(ty::F32, [3, 4, 1, 1]);
+                let v = g.zeros(ty::F32, [4, 3, 1, 1]);
+                let p = g.zeros(ty::F32, [7, 1, 1, 1]);
+                g.node_into(Op::OPT_STEP_ADAMW, w, &[w, grad, m, v, p], &[]);
+            }),
+        ),
+        (
+            "OPT_STEP_ADAMW of F16 weights",
+            ErrorKind::OpRefused,
+            Box::new(|g: &mut G| {
+                let w = g.zeros(ty::F16, [4, 3, 1, 1]);
+                let grad = g.zeros(ty::F16, [4, 3, 1, 1]);
+                let m = g.zeros(ty::F16, [4, 3, 1, 1]);
+                let v = g.zeros(ty::F16, [4, 3, 1, 1]);
+                let p = g.zeros(ty::F32, [7, 1, 1, 1]);
+                g.node_into(Op::OPT_STEP_ADAMW, w, &[w, grad, m, v, p], &[]);
             }),
         ),
     ];

@@ -19,6 +19,7 @@
 //! | `rwkv.rs` | RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN |
 //! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI, DIAG |
 //! | `window.rs` | ACC, SET |
+//! | `optim.rs` | CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD |
 //! | `delta_net.rs` | GATED_DELTA_NET |
 //! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //!
@@ -39,6 +40,7 @@ mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
+mod optim;
 mod out_prod;
 mod pad;
 mod reduce;
@@ -125,6 +127,11 @@ pub(crate) fn execute(
         Kernel::CountEqual => reduce::count_equal(&node, dst),
         Kernel::Diag => scan::diag(&node, dst),
         Kernel::GroupNorm { per_group, eps } => norm::group_norm(&node, dst, per_group, eps),
+        Kernel::CrossEntropyLoss => optim::cross_entropy_loss(&node, dst),
+        Kernel::CrossEntropyLossBack => optim::cross_entropy_loss_back(&node, dst),
+        Kernel::AdamwMoment { second } => optim::adamw_moment(&node, dst, second),
+        Kernel::AdamwWeights => optim::adamw_weights(&node, dst),
+        Kernel::SgdStep => optim::sgd_step(&node, dst),
         Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
         Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
         Kernel::FlashAttn {
