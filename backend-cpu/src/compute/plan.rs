@@ -11,6 +11,10 @@
 //!   buffer, the destination overlaps itself, or a source overlaps the destination without
 //!   being exactly it (the only aliasing ggml's in-place ops produce): [`Error::InvalidGraph`].
 //!
+//! A node is one step, but for OPT_STEP_ADAMW, which updates two of its sources (the moments)
+//! besides its destination: it becomes three steps, each writing one tensor (see
+//! `Checker::adamw`).
+//!
 //! What cannot be checked here are values read at run time (row ids of GET_ROWS / SET_ROWS,
 //! expert ids of MUL_MAT_ID): their kernels check every id before writing anything.
 //!
@@ -243,9 +247,9 @@ pub(crate) enum Kernel {
 /// same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
-    /// The first element (op_params[3] in bytes, divided by the element size).
+    /// The first element (`op_params[3]` in bytes, divided by the element size).
     pub offset: usize,
-    /// Element strides of dimensions 1..3 (op_params[0..3] in bytes, divided likewise).
+    /// Element strides of dimensions 1..3 (`op_params[0..3]` in bytes, divided likewise).
     pub strides: [usize; 3],
 }
 
@@ -1844,7 +1848,7 @@ impl Checker<'_> {
 
     /// SOFT_MAX_BACK (`ggml_soft_max_ext_back`): the gradient `dy` (src0) and the forward output
     /// `y` (src1), contiguous F32 of the destination's shape; ggml-cpu has no ALiBi
-    /// (`max_bias`, op_params[1], must be 0). ggml may compute it in place of either source.
+    /// (`max_bias`, `op_params[1]`, must be 0). ggml may compute it in place of either source.
     #[allow(clippy::type_complexity)]
     fn soft_max_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
         let (dy, y) = (self.need(0)?, self.need(1)?);
@@ -1922,7 +1926,7 @@ impl Checker<'_> {
     /// no more elements than src0; op_params `nb1, nb2, nb3, offset` (bytes) place src1 in the
     /// destination. They are client values: each must be a non-negative multiple of the
     /// element size, the whole window inside the destination, and its elements distinct (ggml
-    /// checks less: where it writes past the tensor or races, this refuses). op_params[4]
+    /// checks less: where it writes past the tensor or races, this refuses). `op_params[4]`
     /// (ggml's "in place") needs no decoding: src0 is copied unless it is the destination.
     #[allow(clippy::type_complexity)]
     fn acc_or_set(

@@ -10,7 +10,7 @@
 //! * neox and the multi-section modes: `(x[i], x[i + n_dims/2])`;
 //! * vision: `(x[i], x[i + n_dims])` over the whole row;
 //!
-//! and the other dimensions are copied. The rotated window starts at `n_offs` (op_params[15],
+//! and the other dimensions are copied. The rotated window starts at `n_offs` (`op_params[15]`,
 //! `ggml_rope_set_offset`; 0 by default) in every mode but vision. Multi-section modes take four positions per
 //! token (`pos[i2 + k ne2]`) and pick one per rotated pair by section
 //! (`ggml_mrope_cache_init`).
