@@ -189,7 +189,7 @@ fn invalid(what: &str) -> Error {
 /// One past the last byte that an in-range index of `layout` can touch, relative to the
 /// tensor's first byte: `Σ (n_d - 1) · nb_d + type_size`, with `n_0` counted in blocks. `None`
 /// on overflow, on an empty or misaligned shape, or on a zero-sized type.
-fn extent(layout: &Layout) -> Option<usize> {
+pub(crate) fn extent(layout: &Layout) -> Option<usize> {
     if layout.block == 0 || layout.type_size == 0 || !layout.ne[0].is_multiple_of(layout.block) {
         return None;
     }

@@ -82,3 +82,5 @@ mod tests;
 mod tests_gdn;
 #[cfg(test)]
 mod tests_ssm;
+#[cfg(test)]
+mod tests_train;

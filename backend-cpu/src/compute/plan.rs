@@ -11,6 +11,10 @@
 //!   buffer, the destination overlaps itself, or a source overlaps the destination without
 //!   being exactly it (the only aliasing ggml's in-place ops produce): [`Error::InvalidGraph`].
 //!
+//! A node is one step, but for OPT_STEP_ADAMW, which updates two of its sources (the moments)
+//! besides its destination: it becomes three steps, each writing one tensor (see
+//! `Checker::adamw`).
+//!
 //! What cannot be checked here are values read at run time (row ids of GET_ROWS / SET_ROWS,
 //! expert ids of MUL_MAT_ID): their kernels check every id before writing anything.
 //!
@@ -24,7 +28,7 @@ use proto_core::ggml::{op_name, type_info, GluOp, Op, UnaryOp};
 use proto_core::graph::{Graph, GraphTensor};
 use proto_core::{Error, Result};
 
-use super::memory::injective;
+use super::memory::{extent, injective};
 use super::quant;
 use super::view::{Layout, Scalar, I64};
 
@@ -180,6 +184,73 @@ pub(crate) enum Kernel {
         /// The longest period (`op_params[1]`).
         max_period: i32,
     },
+    /// OUT_PROD: `dst[i0, i1, i2, i3] = Σ_k src0[i0, k, i2 / r2, i3 / r3] · src1[i1, k, i2, i3]`
+    /// (src0's planes broadcast by the ratios `r2`, `r3`).
+    OutProd,
+    /// ROPE_BACK: ROPE's rotation by the opposite angles (the transposed rotation matrix), as
+    /// the gradient of ROPE.
+    RopeBack(RopeParams),
+    /// SILU_BACK: `dy · σ(x) · (1 + x (1 - σ(x)))` (src0 `dy`, src1 `x`).
+    SiluBack,
+    /// RMS_NORM_BACK: the gradient of RMS_NORM (src0 the output's gradient, src1 its input).
+    RmsNormBack {
+        /// The forward pass's epsilon.
+        eps: f32,
+    },
+    /// SOFT_MAX_BACK: `scale · (dy - dot(y, dy)) · y` per row (src0 `dy`, src1 `y`).
+    SoftMaxBack {
+        /// The forward pass's scale.
+        scale: f32,
+    },
+    /// GET_ROWS_BACK: destination row `ids[i]` accumulates source row `i`, the rest is zero.
+    GetRowsBack,
+    /// REPEAT_BACK: each destination element sums the source elements REPEAT copied it to.
+    RepeatBack,
+    /// ACC: src0 with src1 added to the elements of a window of it.
+    Acc(Window),
+    /// SET: src0 with the elements of a window of it replaced by src1's.
+    Set(Window),
+    /// COUNT_EQUAL: how many elements of src0 and src1 are equal (an I64 scalar).
+    CountEqual,
+    /// DIAG: each row vector of src0 becomes the diagonal of a square matrix.
+    Diag,
+    /// CROSS_ENTROPY_LOSS: `-Σ_rows Σ labels · log_softmax(logits) / rows`, an F32 scalar.
+    CrossEntropyLoss,
+    /// CROSS_ENTROPY_LOSS_BACK: `(softmax(logits) - labels) · grad / rows` per row (src0 the
+    /// loss's gradient, src1 the logits, src2 the labels).
+    CrossEntropyLossBack,
+    /// The first two steps of OPT_STEP_ADAMW, updating a moment in place (src0, the
+    /// destination) from the gradient (src1) and the optimizer's parameters (src2):
+    /// `m = m β1 + g (1 - β1)`, or (`second`) `v = v β2 + g² (1 - β2)`.
+    AdamwMoment {
+        /// `v` (β2, the squared gradient) rather than `m`.
+        second: bool,
+    },
+    /// The last step of OPT_STEP_ADAMW: the weights (src0, the destination) from the updated
+    /// moments (src1 `m`, src2 `v`) and the parameters (src3).
+    AdamwWeights,
+    /// OPT_STEP_SGD: `w = w (1 - α wd) - α g` (src0 the weights, the destination; src1 the
+    /// gradient; src2 `α, wd`).
+    SgdStep,
+    /// GROUP_NORM: NORM over groups of channels (`ne2`) of each batch entry.
+    GroupNorm {
+        /// Channels per group: `ceil(ne2 / n_groups)` (the last group may have fewer).
+        per_group: usize,
+        /// Epsilon.
+        eps: f32,
+    },
+}
+
+/// Where ACC and SET put src1: element `(i0, i1, i2, i3)` of src1 goes to flat element
+/// `offset + i0 + i1 strides[0] + i2 strides[1] + i3 strides[2]` of the (contiguous)
+/// destination. The plan proved every such element inside the destination, and no two the
+/// same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// The first element (`op_params[3]` in bytes, divided by the element size).
+    pub offset: usize,
+    /// Element strides of dimensions 1..3 (`op_params[0..3]` in bytes, divided likewise).
+    pub strides: [usize; 3],
 }
 
 /// The linear-attention recurrences of [`Kernel::Wkv`].
@@ -401,9 +472,7 @@ pub(crate) fn build(
             node,
             buffer_len,
         };
-        if let Some(step) = checker.plan()? {
-            steps.push(step);
-        }
+        steps.extend(checker.plan()?);
     }
     Ok(steps)
 }
@@ -582,18 +651,23 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn plan(&self) -> Result<Option<Step>> {
+    /// The steps of the node: none for an empty destination, one for most ops.
+    fn plan(&self) -> Result<Vec<Step>> {
         let dst = self.layout(self.node)?;
         if dst.is_empty() {
             // Nothing to compute, nothing to touch.
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if !injective(&dst) {
             return Err(self.bad("the destination's elements overlap each other"));
         }
+        if Op(self.op()) == Op::OPT_STEP_ADAMW {
+            // the one op here that writes into its sources: a step per tensor it updates
+            return self.adamw(&dst);
+        }
         let (kernel, srcs, in_place) = self.kernel(&dst)?;
         self.check_aliasing(&dst, &srcs, &in_place)?;
-        Ok(Some(self.step(kernel, dst, srcs)))
+        Ok(vec![self.step(kernel, dst, srcs)])
     }
 
     /// The kernel of the node, the sources it reads, and which of them may be the destination.
@@ -771,7 +845,22 @@ impl Checker<'_> {
             }
             Op::MUL_MAT => self.mul_mat(dst),
             Op::MUL_MAT_ID => self.mul_mat_id(dst),
-            Op::ROPE => self.rope(dst),
+            Op::ROPE => self.rope(dst, false),
+            Op::ROPE_BACK => self.rope(dst, true),
+            Op::OUT_PROD => self.out_prod(dst),
+            Op::SILU_BACK => self.silu_back(dst),
+            Op::RMS_NORM_BACK => self.rms_norm_back(dst),
+            Op::SOFT_MAX_BACK => self.soft_max_back(dst),
+            Op::GET_ROWS_BACK => self.get_rows_back(dst),
+            Op::REPEAT_BACK => self.repeat_back(dst),
+            Op::ACC => self.acc_or_set(dst, true),
+            Op::SET => self.acc_or_set(dst, false),
+            Op::COUNT_EQUAL => self.count_equal(dst),
+            Op::DIAG => self.diag(dst),
+            Op::GROUP_NORM => self.group_norm(dst),
+            Op::CROSS_ENTROPY_LOSS => self.cross_entropy_loss(dst),
+            Op::CROSS_ENTROPY_LOSS_BACK => self.cross_entropy_loss_back(dst),
+            Op::OPT_STEP_SGD => self.sgd(dst),
             Op::SOFT_MAX => self.soft_max(dst),
             Op::FLASH_ATTN_EXT => self.flash_attn(dst),
             Op::GLU => self.glu(dst),
@@ -1176,8 +1265,13 @@ impl Checker<'_> {
         ))
     }
 
+    /// ROPE and ROPE_BACK (same sources and parameters; `backward` rotates the other way).
     #[allow(clippy::type_complexity)]
-    fn rope(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+    fn rope(
+        &self,
+        dst: &Layout,
+        backward: bool,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
         let (a, pos) = (self.need(0)?, self.need(1)?);
         let factors = self.src(2)?;
         if !is_float(&a) || a.type_id != dst.type_id {
@@ -1246,8 +1340,13 @@ impl Checker<'_> {
                 return Err(self.bad("frequency factors must be floats, n_dims/2 of them"));
             }
         }
+        let kernel = if backward {
+            Kernel::RopeBack(params)
+        } else {
+            Kernel::Rope(params)
+        };
         Ok((
-            Kernel::Rope(params),
+            kernel,
             vec![Some(a), Some(pos), factors],
             vec![true, false, false],
         ))
@@ -1682,5 +1781,427 @@ impl Checker<'_> {
             srcs.into_iter().map(Some).collect(),
             in_place,
         ))
+    }
+
+    /// OUT_PROD (`ggml_out_prod`): `a {m, k, ne2, ne3}` and `b {n, k, ne2·r2, ne3·r3}` give
+    /// F32 `{m, n, ne2·r2, ne3·r3}`. ggml-cpu takes F32 `b`, and F32 `a` (broadcast over the
+    /// last two dimensions) or F16 / quantized `a` (without broadcast); rows of `a` and of the
+    /// destination are packed along dimension 0, `b` may have any strides (a transposed `b`).
+    #[allow(clippy::type_complexity)]
+    fn out_prod(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        if b.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("OUT_PROD takes an F32 src1 and gives F32"));
+        }
+        let broadcast = a.ne[2] != b.ne[2] || a.ne[3] != b.ne[3];
+        let a_ok = a.type_id == ty::F32
+            || (!broadcast
+                && (a.type_id == ty::F16
+                    || (is_quantized(a.type_id) && quant::supports(a.type_id))));
+        if !a_ok {
+            return Err(
+                self.refuse("OUT_PROD takes src0 as F32, or F16 / quantized without broadcast")
+            );
+        }
+        let shapes = a.ne[1] == b.ne[1]
+            && a.ne[2] > 0
+            && a.ne[3] > 0
+            && b.ne[2].is_multiple_of(a.ne[2])
+            && b.ne[3].is_multiple_of(a.ne[3])
+            && dst.ne == [a.ne[0], b.ne[0], b.ne[2], b.ne[3]];
+        if !shapes {
+            return Err(self.bad(format!(
+                "outer product of {:?} and {:?} cannot give {:?}",
+                a.ne, b.ne, dst.ne
+            )));
+        }
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("OUT_PROD needs src0 and the destination packed along ne[0]"));
+        }
+        Ok((Kernel::OutProd, vec![Some(a), Some(b)], vec![false, false]))
+    }
+
+    /// SILU_BACK (`ggml_silu_back`): the gradient `dy` (src0) and the forward input `x` (src1),
+    /// both of the destination's shape and float type; ggml may compute it in place of either.
+    #[allow(clippy::type_complexity)]
+    fn silu_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dy, x) = (self.need(0)?, self.need(1)?);
+        if !is_float(&dy) || dy.type_id != dst.type_id || x.type_id != dst.type_id {
+            return Err(self.refuse("SILU_BACK takes and gives one float type"));
+        }
+        self.same_shape(&dy, dst, "the gradient and the destination")?;
+        self.same_shape(&x, dst, "the forward input and the destination")?;
+        Ok((Kernel::SiluBack, vec![Some(dy), Some(x)], vec![true, true]))
+    }
+
+    /// RMS_NORM_BACK (`ggml_rms_norm_back`): the gradient (src0) and the forward input (src1),
+    /// F32 with packed rows, of the destination's shape; epsilon as RMS_NORM's.
+    #[allow(clippy::type_complexity)]
+    fn rms_norm_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dz, x) = (self.need(0)?, self.need(1)?);
+        if dz.type_id != ty::F32 || x.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("RMS_NORM_BACK takes and gives F32"));
+        }
+        self.same_shape(&dz, dst, "the gradient and the destination")?;
+        self.same_shape(&x, dst, "the forward input and the destination")?;
+        if !dz.dense_rows() || !x.dense_rows() {
+            return Err(self.bad("RMS_NORM_BACK needs packed source rows"));
+        }
+        let eps = self.fparam(0);
+        if eps.is_nan() || eps < 0.0 {
+            return Err(self.refuse("negative or NaN epsilon"));
+        }
+        Ok((
+            Kernel::RmsNormBack { eps },
+            vec![Some(dz), Some(x)],
+            vec![false, false],
+        ))
+    }
+
+    /// SOFT_MAX_BACK (`ggml_soft_max_ext_back`): the gradient `dy` (src0) and the forward output
+    /// `y` (src1), contiguous F32 of the destination's shape; ggml-cpu has no ALiBi
+    /// (`max_bias`, `op_params[1]`, must be 0). ggml may compute it in place of either source.
+    #[allow(clippy::type_complexity)]
+    fn soft_max_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (dy, y) = (self.need(0)?, self.need(1)?);
+        if dy.type_id != ty::F32 || y.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("SOFT_MAX_BACK takes and gives F32"));
+        }
+        if self.fparam(1) != 0.0 {
+            return Err(self.refuse("SOFT_MAX_BACK with ALiBi (max_bias) is not supported"));
+        }
+        self.same_shape(&dy, dst, "the gradient and the destination")?;
+        self.same_shape(&y, dst, "the forward output and the destination")?;
+        if !dy.is_contiguous() || !y.is_contiguous() || !dst.is_contiguous() {
+            return Err(self.bad("SOFT_MAX_BACK needs contiguous tensors"));
+        }
+        Ok((
+            Kernel::SoftMaxBack {
+                scale: self.fparam(0),
+            },
+            vec![Some(dy), Some(y)],
+            vec![true, true],
+        ))
+    }
+
+    /// GET_ROWS_BACK (`ggml_get_rows_back`): a matrix of gradient rows (src0, F32 or F16, packed
+    /// rows) and a vector of I32 row ids (src1, at most as many as src0 has rows) give a
+    /// contiguous F32 matrix as wide as src0. The ids are checked at run time.
+    #[allow(clippy::type_complexity)]
+    fn get_rows_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (grad, ids) = (self.need(0)?, self.need(1)?);
+        if ids.type_id != ty::I32 {
+            return Err(self.bad("row ids must be I32"));
+        }
+        if !(grad.type_id == ty::F32 || grad.type_id == ty::F16) || dst.type_id != ty::F32 {
+            return Err(self.refuse("GET_ROWS_BACK takes F32 or F16 rows and gives F32"));
+        }
+        let shapes = grad.ne[2] == 1
+            && grad.ne[3] == 1
+            && ids.ne[1..] == [1, 1, 1]
+            && ids.ne[0] <= grad.ne[1]
+            && dst.ne[0] == grad.ne[0]
+            && dst.ne[2..] == [1, 1];
+        if !shapes {
+            return Err(self.bad(format!(
+                "rows {:?} with ids {:?} cannot go back into {:?}",
+                grad.ne, ids.ne, dst.ne
+            )));
+        }
+        if !grad.dense_rows() || !dst.is_contiguous() {
+            return Err(self.bad("GET_ROWS_BACK needs packed source rows, a contiguous result"));
+        }
+        Ok((
+            Kernel::GetRowsBack,
+            vec![Some(grad), Some(ids)],
+            vec![false, false],
+        ))
+    }
+
+    /// REPEAT_BACK (`ggml_repeat_back`): F32 src0 whose every dimension is a multiple of the
+    /// destination's (same type), both packed along dimension 0.
+    #[allow(clippy::type_complexity)]
+    fn repeat_back(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("REPEAT_BACK takes and gives F32"));
+        }
+        self.repeats(dst, &a, "the destination does not repeat into src0")?;
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("REPEAT_BACK needs src0 and the destination packed along ne[0]"));
+        }
+        Ok((Kernel::RepeatBack, vec![Some(a)], vec![false]))
+    }
+
+    /// ACC (`acc == true`) and SET (`ggml_acc_impl`, `ggml_set_impl`): src0 and the destination
+    /// contiguous, same shape and type (F32; SET also I32); src1 of that type with packed rows,
+    /// no more elements than src0; op_params `nb1, nb2, nb3, offset` (bytes) place src1 in the
+    /// destination. They are client values: each must be a non-negative multiple of the
+    /// element size, the whole window inside the destination, and its elements distinct (ggml
+    /// checks less: where it writes past the tensor or races, this refuses). `op_params[4]`
+    /// (ggml's "in place") needs no decoding: src0 is copied unless it is the destination.
+    #[allow(clippy::type_complexity)]
+    fn acc_or_set(
+        &self,
+        dst: &Layout,
+        acc: bool,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        let type_ok = if acc {
+            a.type_id == ty::F32
+        } else {
+            a.type_id == ty::F32 || a.type_id == ty::I32
+        };
+        if !type_ok || b.type_id != a.type_id || dst.type_id != a.type_id {
+            return Err(self.refuse(if acc {
+                "ACC takes and gives F32"
+            } else {
+                "SET takes and gives F32 or I32"
+            }));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if !a.is_contiguous() || !dst.is_contiguous() || !b.dense_rows() {
+            return Err(self.bad("src0 and the destination must be contiguous, src1 packed"));
+        }
+        if b.elements() > a.elements() {
+            return Err(self.bad("src1 has more elements than src0"));
+        }
+        let size = a.type_size;
+        let bytes = [0, 1, 2, 3].map(|slot| self.param(slot));
+        let in_elements = bytes.map(|v| {
+            usize::try_from(v)
+                .ok()
+                .filter(|v| v.is_multiple_of(size))
+                .map(|v| v / size)
+        });
+        let [Some(s1), Some(s2), Some(s3), Some(offset)] = in_elements else {
+            return Err(self.bad(format!(
+                "window strides and offset {bytes:?} must be non-negative multiples of {size}"
+            )));
+        };
+        let window = Layout {
+            ne: b.ne,
+            nb: [size, s1 * size, s2 * size, s3 * size],
+            ..*dst
+        };
+        if !b.is_empty() {
+            let inside = extent(&window)
+                .and_then(|end| end.checked_add(offset * size))
+                .is_some_and(|end| end <= dst.size);
+            if !inside {
+                return Err(self.bad(format!(
+                    "a window of {:?} at strides {bytes:?} reaches beyond the destination",
+                    b.ne
+                )));
+            }
+            if !injective(&window) {
+                return Err(self.bad("the window's elements overlap each other"));
+            }
+        }
+        let window = Window {
+            offset,
+            strides: [s1, s2, s3],
+        };
+        let kernel = if acc {
+            Kernel::Acc(window)
+        } else {
+            Kernel::Set(window)
+        };
+        Ok((kernel, vec![Some(a), Some(b)], vec![true, false]))
+    }
+
+    /// COUNT_EQUAL (`ggml_count_equal`): two I32 tensors of one shape give an I64 scalar.
+    #[allow(clippy::type_complexity)]
+    fn count_equal(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (a, b) = (self.need(0)?, self.need(1)?);
+        if a.type_id != ty::I32 || b.type_id != ty::I32 || dst.type_id != I64 {
+            return Err(self.refuse("COUNT_EQUAL takes I32 tensors and gives I64"));
+        }
+        self.same_shape(&a, &b, "the two sources")?;
+        if dst.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the destination of COUNT_EQUAL must be a scalar"));
+        }
+        Ok((
+            Kernel::CountEqual,
+            vec![Some(a), Some(b)],
+            vec![false, false],
+        ))
+    }
+
+    /// DIAG (`ggml_diag`): F32 rows `{n, 1, ne2, ne3}` give `{n, n, ne2, ne3}`, both packed
+    /// along dimension 0.
+    #[allow(clippy::type_complexity)]
+    fn diag(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("DIAG takes and gives F32"));
+        }
+        if a.ne[1] != 1 || dst.ne != [a.ne[0], a.ne[0], a.ne[2], a.ne[3]] {
+            return Err(self.bad(format!("DIAG of {:?} cannot give {:?}", a.ne, dst.ne)));
+        }
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("DIAG needs rows packed along ne[0]"));
+        }
+        Ok((Kernel::Diag, vec![Some(a)], vec![false]))
+    }
+
+    /// GROUP_NORM (`ggml_group_norm`): F32 with packed rows, the destination of src0's shape;
+    /// op_params `n_groups` (positive) and `eps`. ggml may compute it in place.
+    #[allow(clippy::type_complexity)]
+    fn group_norm(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let a = self.need(0)?;
+        if a.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("GROUP_NORM takes and gives F32"));
+        }
+        self.same_shape(&a, dst, "src0 and the destination")?;
+        if !a.dense_rows() || !dst.dense_rows() {
+            return Err(self.bad("GROUP_NORM needs rows packed along ne[0]"));
+        }
+        let groups = usize::try_from(self.param(0))
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or_else(|| self.bad(format!("{} groups", self.param(0))))?;
+        // ggml takes any epsilon here (unlike NORM's, no assertion)
+        let eps = self.fparam(1);
+        Ok((
+            Kernel::GroupNorm {
+                per_group: a.ne[2].div_ceil(groups),
+                eps,
+            },
+            vec![Some(a)],
+            vec![true],
+        ))
+    }
+
+    /// CROSS_ENTROPY_LOSS (`ggml_cross_entropy_loss`): F32 logits and labels of one shape,
+    /// packed along dimension 0, give an F32 scalar.
+    #[allow(clippy::type_complexity)]
+    fn cross_entropy_loss(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (logits, labels) = (self.need(0)?, self.need(1)?);
+        if logits.type_id != ty::F32 || labels.type_id != ty::F32 || dst.type_id != ty::F32 {
+            return Err(self.refuse("CROSS_ENTROPY_LOSS takes and gives F32"));
+        }
+        self.same_shape(&logits, &labels, "logits and labels")?;
+        if dst.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the destination of CROSS_ENTROPY_LOSS must be a scalar"));
+        }
+        if !logits.dense_rows() || !labels.dense_rows() {
+            return Err(self.bad("CROSS_ENTROPY_LOSS needs rows packed along ne[0]"));
+        }
+        Ok((
+            Kernel::CrossEntropyLoss,
+            vec![Some(logits), Some(labels)],
+            vec![false, false],
+        ))
+    }
+
+    /// CROSS_ENTROPY_LOSS_BACK (`ggml_cross_entropy_loss_back`): an F32 scalar gradient,
+    /// contiguous F32 logits and labels of the destination's shape (contiguous too).
+    #[allow(clippy::type_complexity)]
+    fn cross_entropy_loss_back(
+        &self,
+        dst: &Layout,
+    ) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (grad, logits, labels) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        if [&grad, &logits, &labels, dst]
+            .iter()
+            .any(|t| t.type_id != ty::F32)
+        {
+            return Err(self.refuse("CROSS_ENTROPY_LOSS_BACK takes and gives F32"));
+        }
+        if grad.ne != [1, 1, 1, 1] {
+            return Err(self.bad("the loss's gradient must be a scalar"));
+        }
+        self.same_shape(&logits, dst, "the logits and the destination")?;
+        self.same_shape(&labels, dst, "the labels and the destination")?;
+        if !logits.is_contiguous() || !labels.is_contiguous() || !dst.is_contiguous() {
+            return Err(self.bad("CROSS_ENTROPY_LOSS_BACK needs contiguous tensors"));
+        }
+        Ok((
+            Kernel::CrossEntropyLossBack,
+            vec![Some(grad), Some(logits), Some(labels)],
+            vec![false; 3],
+        ))
+    }
+
+    /// The optimizer steps' common rules: the destination is the weights (src0) themselves
+    /// (ggml's result is a view of them, and it writes the weights), F32; the per-element
+    /// tensors `others` share the weights' shape and strides (ggml's kernel walks them all
+    /// with the weights' strides), rows packed; `params` holds `count` contiguous F32 values.
+    fn optimizer_operands(
+        &self,
+        dst: &Layout,
+        weights: &Layout,
+        others: &[Layout],
+        params: &Layout,
+        count: usize,
+    ) -> Result<()> {
+        if weights.type_id != ty::F32 || others.iter().any(|t| t.type_id != ty::F32) {
+            return Err(self.refuse("optimizer steps take F32 tensors"));
+        }
+        if params.type_id != ty::F32 {
+            return Err(self.bad("optimizer parameters must be F32"));
+        }
+        if alias(dst, weights) != Alias::Same {
+            return Err(self.bad("the destination must be the weights (src0) themselves"));
+        }
+        if others
+            .iter()
+            .any(|t| t.ne != weights.ne || t.nb != weights.nb)
+        {
+            return Err(
+                self.bad("the optimizer's tensors differ from the weights in shape or strides")
+            );
+        }
+        if !weights.dense_rows() {
+            return Err(self.bad("optimizer steps need rows packed along ne[0]"));
+        }
+        if params.elements() != count || !params.is_contiguous() {
+            return Err(self.bad(format!("the optimizer needs {count} contiguous parameters")));
+        }
+        Ok(())
+    }
+
+    /// OPT_STEP_SGD (`ggml_opt_step_sgd`): weights, gradient, and `α, wd`.
+    #[allow(clippy::type_complexity)]
+    fn sgd(&self, dst: &Layout) -> Result<(Kernel, Vec<Option<Layout>>, Vec<bool>)> {
+        let (w, g, params) = (self.need(0)?, self.need(1)?, self.need(2)?);
+        self.optimizer_operands(dst, &w, &[g], &params, 2)?;
+        Ok((
+            Kernel::SgdStep,
+            vec![Some(w), Some(g), Some(params)],
+            vec![true, false, false],
+        ))
+    }
+
+    /// OPT_STEP_ADAMW (`ggml_opt_step_adamw`): weights, gradient, moments `m` and `v`, and the
+    /// seven parameters `α, β1, β2, eps, wd, β1h, β2h`. ggml updates `m`, `v` and the weights
+    /// element by element, each weight from its element's new moments; here three steps do
+    /// the same arithmetic one tensor at a time (`m`, then `v`, then the weights), each
+    /// writing only its own destination. Every tensor must be apart from the others (checked
+    /// per step: the gradient and the parameters are sources of all three, so no step
+    /// overwrites what a later one reads).
+    fn adamw(&self, dst: &Layout) -> Result<Vec<Step>> {
+        let [w, g, m, v, params] = [0, 1, 2, 3, 4].map(|slot| self.need(slot));
+        let (w, g, m, v, params) = (w?, g?, m?, v?, params?);
+        self.optimizer_operands(dst, &w, &[g, m, v], &params, 7)?;
+        // the moments are destinations of their steps: as any destination, injective
+        if !injective(&m) || !injective(&v) {
+            return Err(self.bad("a moment's elements overlap each other"));
+        }
+        let moment = |second: bool, target: Layout| -> Result<Step> {
+            let srcs = vec![Some(target), Some(g), Some(params), Some(w)];
+            // the weights are listed (not read) so that this step may not write them
+            self.check_aliasing(&target, &srcs, &[true, false, false, false])?;
+            Ok(self.step(Kernel::AdamwMoment { second }, target, srcs))
+        };
+        let first = moment(false, m)?;
+        let second = moment(true, v)?;
+        // the moments must not overlap each other either
+        self.check_aliasing(&v, &[Some(m)], &[false])?;
+        let srcs = vec![Some(w), Some(m), Some(v), Some(params), Some(g)];
+        self.check_aliasing(dst, &srcs, &[true, false, false, false, false])?;
+        let weights = self.step(Kernel::AdamwWeights, *dst, srcs);
+        Ok(vec![first, second, weights])
     }
 }

@@ -7,15 +7,19 @@
 //! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, ADD_ID, the element-wise maps |
 //! | `unary.rs` | the maps' math: UNARY sub-ops, SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU |
 //! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK) |
-//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K |
-//! | `norm.rs` | NORM, RMS_NORM, L2_NORM |
+//! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K, COUNT_EQUAL |
+//! | `norm.rs` | NORM, RMS_NORM, L2_NORM, GROUP_NORM |
 //! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
-//! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN) |
+//! | `rope.rs` | ROPE (normal, neox, multi-section, vision; YaRN), ROPE_BACK |
+//! | `out_prod.rs` | OUT_PROD |
+//! | `backward.rs` | SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK, GET_ROWS_BACK, REPEAT_BACK |
 //! | `softmax.rs` | SOFT_MAX (mask, ALiBi, sinks), DIAG_MASK_INF, DIAG_MASK_ZERO |
 //! | `attention.rs` | FLASH_ATTN_EXT |
 //! | `ssm.rs` | SSM_CONV, SSM_SCAN (Mamba 1 and 2) |
 //! | `rwkv.rs` | RWKV_WKV6, RWKV_WKV7, GATED_LINEAR_ATTN |
-//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI |
+//! | `scan.rs` | CUMSUM, TRI, FILL, SOLVE_TRI, DIAG |
+//! | `window.rs` | ACC, SET |
+//! | `optim.rs` | CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD |
 //! | `delta_net.rs` | GATED_DELTA_NET |
 //! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //!
@@ -26,6 +30,7 @@
 //! `f64` accumulation where ggml uses `ggml_float`, ggml's lookup tables for GELU.
 
 mod attention;
+mod backward;
 mod copy;
 mod delta_net;
 mod elementwise;
@@ -35,6 +40,8 @@ mod fa_accumulate;
 mod glu;
 mod mul_mat;
 mod norm;
+mod optim;
+mod out_prod;
 mod pad;
 mod reduce;
 mod rope;
@@ -44,6 +51,7 @@ mod scan;
 mod softmax;
 mod ssm;
 mod unary;
+mod window;
 
 #[cfg(test)]
 pub(super) use unary::{gelu_exact, gelu_quick_exact};
@@ -106,7 +114,24 @@ pub(crate) fn execute(
         Kernel::TopK => reduce::top_k(&node, dst),
         Kernel::MulMat => mul_mat::mul_mat(&node, dst),
         Kernel::MulMatId => mul_mat::mul_mat_id(&node, dst),
-        Kernel::Rope(params) => rope::rope(&node, dst, params, &mut memo.rope),
+        Kernel::Rope(params) => rope::rope(&node, dst, params, false, &mut memo.rope),
+        Kernel::RopeBack(params) => rope::rope(&node, dst, params, true, &mut memo.rope),
+        Kernel::OutProd => out_prod::out_prod(&node, dst),
+        Kernel::SiluBack => backward::silu_back(&node, dst),
+        Kernel::RmsNormBack { eps } => backward::rms_norm_back(&node, dst, eps),
+        Kernel::SoftMaxBack { scale } => backward::soft_max_back(&node, dst, scale),
+        Kernel::GetRowsBack => backward::get_rows_back(&node, dst),
+        Kernel::RepeatBack => backward::repeat_back(&node, dst),
+        Kernel::Acc(window) => window::acc_or_set(&node, dst, window, true),
+        Kernel::Set(window) => window::acc_or_set(&node, dst, window, false),
+        Kernel::CountEqual => reduce::count_equal(&node, dst),
+        Kernel::Diag => scan::diag(&node, dst),
+        Kernel::GroupNorm { per_group, eps } => norm::group_norm(&node, dst, per_group, eps),
+        Kernel::CrossEntropyLoss => optim::cross_entropy_loss(&node, dst),
+        Kernel::CrossEntropyLossBack => optim::cross_entropy_loss_back(&node, dst),
+        Kernel::AdamwMoment { second } => optim::adamw_moment(&node, dst, second),
+        Kernel::AdamwWeights => optim::adamw_weights(&node, dst),
+        Kernel::SgdStep => optim::sgd_step(&node, dst),
         Kernel::SoftMax { scale, max_bias } => softmax::soft_max(&node, dst, scale, max_bias),
         Kernel::DiagMask { n_past, value } => softmax::diag_mask(&node, dst, n_past, value),
         Kernel::FlashAttn {

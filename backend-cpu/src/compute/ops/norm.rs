@@ -5,7 +5,12 @@
 //! * NORM: `sum(x)` in f64 rounded to f32, `mean = sum / n` in f32, the centred squares summed
 //!   in f64 and divided by `n` (`ggml_vec_cvar_f32`), rounded to f32, then
 //!   `y = (x - mean) / sqrt(variance + eps)`;
-//! * L2_NORM: `sum(x*x)` in f64, `y = x / max(sqrt(sum), eps)` in f32.
+//! * L2_NORM: `sum(x*x)` in f64, `y = x / max(sqrt(sum), eps)` in f32;
+//! * GROUP_NORM: NORM over all elements of a group of channels (`ne2`) of one batch entry
+//!   (`i3`): the sum of each row in f64, the rows' sums added in f64, `mean` rounded to f32,
+//!   the centred squares likewise, `y = (x - mean) · (1 / sqrt(variance + eps))`. A first pass
+//!   computes every group's `(mean, scale)` (groups are its unit of work), a second normalizes
+//!   the rows.
 //!
 //! The f64 sums run in eight interleaved partial sums ([`sum_f64`]), where ggml adds in order:
 //! the same f32 results but for the rare case described there.
@@ -13,6 +18,7 @@
 use proto_core::Result;
 
 use crate::compute::memory::Dst;
+use crate::compute::view::Input;
 
 use super::{map_rows, Node};
 
@@ -74,6 +80,93 @@ pub(super) fn l2_norm(node: &Node<'_>, dst: Dst<'_>, eps: f32) -> Result<()> {
     )
 }
 
+/// Reads source row `(i1, i2, i3)` as f32 into the slice.
+type RowLoader<'a> = dyn FnMut([usize; 3], &mut [f32]) -> Result<()> + 'a;
+
+/// GROUP_NORM with `per_group` channels in each group (the last may have fewer).
+pub(super) fn group_norm(
+    node: &Node<'_>,
+    mut dst: Dst<'_>,
+    per_group: usize,
+    eps: f32,
+) -> Result<()> {
+    let a = node.input(0)?;
+    let layout = *dst.layout();
+    let [ne0, ne1, ne2, ne3] = layout.ne;
+    // the plan made per_group at least 1 (a non-empty tensor, a positive group count)
+    let per_group = per_group.max(1);
+    let groups = ne2.div_ceil(per_group);
+    // (mean, scale) of group g of batch entry i3 at g + groups * i3
+    let mut stats = vec![(0.0f32, 0.0f32); groups * ne3];
+    let group_stats =
+        |unit: usize, load: &mut RowLoader<'_>, row: &mut [f32]| -> Result<(f32, f32)> {
+            let (g, i3) = (unit % groups, unit / groups);
+            let channels = g * per_group..((g + 1) * per_group).min(ne2);
+            let count = (ne0 * ne1 * channels.len()) as f64;
+            let mut sum = 0.0f64;
+            for i2 in channels.clone() {
+                for i1 in 0..ne1 {
+                    load([i1, i2, i3], row)?;
+                    sum += row.iter().map(|&v| f64::from(v)).sum::<f64>();
+                }
+            }
+            let mean = (sum / count) as f32;
+            let mut squares = 0.0f64;
+            for i2 in channels {
+                for i1 in 0..ne1 {
+                    load([i1, i2, i3], row)?;
+                    squares += row
+                        .iter()
+                        .map(|&v| f64::from((v - mean) * (v - mean)))
+                        .sum::<f64>();
+                }
+            }
+            let variance = (squares / count) as f32;
+            Ok((mean, 1.0 / (variance + eps).sqrt()))
+        };
+    match a {
+        Input::View(view) => {
+            let items: Vec<(usize, &mut (f32, f32))> = stats.iter_mut().enumerate().collect();
+            node.pool.run_with(
+                items,
+                || vec![0.0f32; ne0],
+                |row, (unit, out)| {
+                    *out = group_stats(unit, &mut |idx, row| view.load_f32(idx, row), row)?;
+                    Ok(())
+                },
+            )?;
+        }
+        Input::Dst(_) => {
+            // in place: the source is read through one part covering every row, one group
+            // after another, before any row is written
+            let mut row = vec![0.0f32; ne0];
+            let mut scratch = Vec::new();
+            for part in dst.split_rows(layout.rows()) {
+                for (unit, out) in stats.iter_mut().enumerate() {
+                    let mut load = |idx: [usize; 3], row: &mut [f32]| {
+                        a.load_f32(&part, idx, row, &mut scratch)
+                    };
+                    *out = group_stats(unit, &mut load, &mut row)?;
+                }
+            }
+        }
+    }
+    map_rows(
+        node,
+        dst,
+        a,
+        2,
+        || (),
+        |_, _, [_, i2, i3], x, y| {
+            let (mean, scale) = stats[i2 / per_group + groups * i3];
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (x - mean) * scale;
+            }
+            Ok(())
+        },
+    )
+}
+
 /// `sum(x*x)` in f64, each square rounded to f32 first, as ggml computes it.
 fn sum_squares(x: &[f32]) -> f64 {
     sum_f64(x, |v| f64::from(v * v))
@@ -86,7 +179,7 @@ fn sum_squares(x: &[f32]) -> f64 {
 /// terms span less than 2^(29 - log2 n) in magnitude (2^21 for 256 terms); beyond that the
 /// result may differ from the in-order sum in its last f64 bits, which the rounding to f32
 /// almost always absorbs.
-fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
+pub(super) fn sum_f64(x: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut sums = [0f64; 8];
     let (chunks, rest) = x.as_chunks::<8>();
     for chunk in chunks {

@@ -1,11 +1,12 @@
-//! SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT and TOP_K.
+//! SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K and COUNT_EQUAL.
 //!
 //! Sums accumulate in f64 and round to f32 once, as ggml's `ggml_vec_sum_f32` (a `ggml_float`
 //! accumulator) does; MEAN then divides the f32 sum by `ne0` in f32. ARGMAX keeps ggml's tie
 //! rule: the last index holding the maximum (`ggml_vec_argmax_f32`). ARGSORT sorts each row's
 //! indices by value (ties keep index order; ggml's `std::sort` leaves them unspecified), TOP_K
 //! takes the indices of the `k` largest and, as ggml does to stress that their order is
-//! unspecified, swaps the first two.
+//! unspecified, swaps the first two. COUNT_EQUAL counts in integers (partial counts per work
+//! item, added at the end: exact in any order).
 
 use proto_core::Result;
 
@@ -140,4 +141,35 @@ pub(super) fn top_k(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
             top.swap(0, 1);
         }
     })
+}
+
+pub(super) fn count_equal(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let (a, b) = (node.view(0)?, node.view(1)?);
+    let l = a.layout;
+    let mut total = 0u64;
+    if !l.is_empty() {
+        let rows = l.rows();
+        let chunk = node.pool.chunk(rows, l.ne[0]);
+        let mut counts = vec![0u64; rows.div_ceil(chunk)];
+        let items: Vec<(usize, &mut u64)> = counts
+            .iter_mut()
+            .enumerate()
+            .map(|(n, count)| (n * chunk, count))
+            .collect();
+        node.pool.run(items, &|(first, count): (usize, &mut u64)| {
+            for r in first..(first + chunk).min(rows) {
+                let [i1, i2, i3] = l.row_index(r);
+                let equal = (0..l.ne[0])
+                    .filter(|&i0| a.index_at([i0, i1, i2, i3]) == b.index_at([i0, i1, i2, i3]))
+                    .count();
+                *count += equal as u64;
+            }
+            Ok(())
+        })?;
+        total = counts.iter().sum();
+    }
+    for mut part in dst.split_rows(1) {
+        part.write(0, 0, &(total as i64).to_le_bytes())?;
+    }
+    Ok(())
 }

@@ -10,10 +10,14 @@
 //! * neox and the multi-section modes: `(x[i], x[i + n_dims/2])`;
 //! * vision: `(x[i], x[i + n_dims])` over the whole row;
 //!
-//! and the other dimensions are copied. The rotated window starts at `n_offs` (op_params[15],
+//! and the other dimensions are copied. The rotated window starts at `n_offs` (`op_params[15]`,
 //! `ggml_rope_set_offset`; 0 by default) in every mode but vision. Multi-section modes take four positions per
 //! token (`pos[i2 + k ne2]`) and pick one per rotated pair by section
 //! (`ggml_mrope_cache_init`).
+//!
+//! ROPE_BACK (`ggml_compute_forward_rope_back`) is the same kernel rotating by the opposite
+//! angles: ggml multiplies each cached `sin` by -1; here the cached pairs are shared with ROPE
+//! and the rotation negates `sin` when it reads it (the same values: negation is exact).
 //!
 //! ggml builds each token's cache again in every ROPE node. Here the caches of all the
 //! node's tokens form one table, kept for the rest of the graph computation ([`RopeTables`])
@@ -149,6 +153,8 @@ struct Rope<'a> {
     ne2: usize,
     /// Pairs the cache needs: `n_dims` dimensions, or the whole row in vision mode.
     width: usize,
+    /// ROPE_BACK: rotate by `-theta` (the inverse rotation).
+    backward: bool,
 }
 
 impl Rope<'_> {
@@ -291,7 +297,11 @@ impl Rope<'_> {
         };
         for i0 in (0..pairs).step_by(2) {
             let ic = window + if spread { i0 / 2 } else { i0 };
-            let (cos, sin) = (cache[i0], cache[i0 + 1]);
+            let (cos, sin) = if self.backward {
+                (cache[i0], -cache[i0 + 1])
+            } else {
+                (cache[i0], cache[i0 + 1])
+            };
             let (x0, x1) = (x[ic], x[ic + offset]);
             y[ic] = x0 * cos - x1 * sin;
             y[ic + offset] = x0 * sin + x1 * cos;
@@ -299,10 +309,12 @@ impl Rope<'_> {
     }
 }
 
+/// ROPE (`backward` false) and ROPE_BACK (`backward` true).
 pub(super) fn rope(
     node: &Node<'_>,
     dst: Dst<'_>,
     p: RopeParams,
+    backward: bool,
     tables: &mut RopeTables,
 ) -> Result<()> {
     let a = node.input(0)?;
@@ -322,6 +334,7 @@ pub(super) fn rope(
         factors,
         ne2: a.layout().ne[2],
         width,
+        backward,
     };
     let stride = rope.stride();
     // The table (and its key) grow with the token count, which a graph may set far above

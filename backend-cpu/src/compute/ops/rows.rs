@@ -23,7 +23,11 @@ use proto_core::ggml::types::id as ty;
 use super::Node;
 
 /// Checks every id of `ids` against `rows` and returns them, flat in row-major order.
-fn checked_ids(ids: &SrcView<'_>, rows: usize, what: &'static str) -> Result<Vec<usize>> {
+pub(super) fn checked_ids(
+    ids: &SrcView<'_>,
+    rows: usize,
+    what: &'static str,
+) -> Result<Vec<usize>> {
     let l = &ids.layout;
     let mut out = Vec::with_capacity(l.elements());
     for i3 in 0..l.ne[3] {

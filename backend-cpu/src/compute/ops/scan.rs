@@ -1,12 +1,14 @@
 //! CUMSUM, TRI, FILL and SOLVE_TRI: the small ops of chunked linear attention graphs
-//! (Qwen3-Next style), with ggml's arithmetic (`ops.cpp`):
+//! (Qwen3-Next style), and DIAG, with ggml's arithmetic (`ops.cpp`):
 //!
 //! * CUMSUM: `y[0] = x[0]`, `y[i] = y[i - 1] + x[i]`, one f32 add after another;
 //! * TRI: element (column `i0`, row `i1`) of each matrix kept or set to +0 (NaNs included);
 //! * FILL: the value, rounded once to the destination type;
 //! * SOLVE_TRI: forward substitution, `x[i] = (b[i] - Σ_{t<i} a[i][t] · x[t]) / a[i][i]`, the
 //!   sum in f32 over ascending `t` for each column of `B`; a zero diagonal gives what the
-//!   division gives (ggml only asserts it in debug builds).
+//!   division gives (ggml only asserts it in debug builds);
+//! * DIAG: row `i1` of matrix `(i2, i3)` is zero but for element `i1`, the source's
+//!   `[i1, 0, i2, i3]`.
 
 use proto_core::Result;
 
@@ -129,4 +131,26 @@ fn substitute(lhs: &[f32], x: &mut [f32], n: usize, k: usize) {
             *v = (*v - s) / diag;
         }
     }
+}
+
+pub(super) fn diag(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
+    let a = node.view(0)?;
+    let layout = *dst.layout();
+    let n = layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), n);
+    let parts = dst.split_rows(chunk);
+    node.pool.run_with(
+        parts,
+        || (vec![0.0f32; n], vec![0u8; n * 4]),
+        |(row, bytes), mut part: DstPart<'_>| {
+            for r in part.rows() {
+                let [i1, i2, i3] = layout.row_index(r);
+                row.fill(0.0);
+                row[i1] = a.value([i1, 0, i2, i3]);
+                encode(Scalar::F32, row, bytes);
+                part.write(r, 0, bytes)?;
+            }
+            Ok(())
+        },
+    )
 }
