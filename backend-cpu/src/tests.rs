@@ -330,7 +330,7 @@ fn mul_mat_runs_and_unsupported_ops_are_refused_unless_skipped() {
     // An op without a kernel after a computable node: refused as a whole, before anything
     // runs (the product's bytes are not rewritten).
     backend.fill(at(buffer, 128), 64, 0).unwrap();
-    let mut conv = tensor(5, Op::CONV_2D, true, Some(at(buffer, 128)));
+    let mut conv = tensor(5, Op::WIN_PART, true, Some(at(buffer, 128)));
     conv.src[0] = Some(0);
     conv.src[1] = Some(1);
     let g = graph(
@@ -341,7 +341,7 @@ fn mul_mat_runs_and_unsupported_ops_are_refused_unless_skipped() {
     assert_eq!(
         err,
         Error::OpRefused {
-            op: Op::CONV_2D.0,
+            op: Op::WIN_PART.0,
             reason: compute::NOT_IMPLEMENTED
         }
     );

@@ -403,7 +403,7 @@ fn graphs_of_views_run_mul_mat_computes_and_unsupported_ops_are_refused() {
 
     // An op without a CPU kernel: refused before anything ran, and the graph is not stored.
     let mut d = f32_tensor(23, [4, 1, 1, 1], buffer, base + 192);
-    d.op = Op::CONV_2D.0;
+    d.op = Op::WIN_PART.0;
     d.flags = flags::COMPUTE;
     d.src[0] = a.id;
     d.src[1] = b.id;
@@ -418,7 +418,7 @@ fn graphs_of_views_run_mul_mat_computes_and_unsupported_ops_are_refused() {
     assert_eq!(
         refused,
         Error::OpRefused {
-            op: Op::CONV_2D.0,
+            op: Op::WIN_PART.0,
             reason: "not implemented by the CPU backend"
         }
     );

@@ -84,3 +84,5 @@ mod tests_gdn;
 mod tests_ssm;
 #[cfg(test)]
 mod tests_train;
+#[cfg(test)]
+mod tests_vision;

@@ -22,6 +22,8 @@
 //! | `optim.rs` | CROSS_ENTROPY_LOSS, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD |
 //! | `delta_net.rs` | GATED_DELTA_NET |
 //! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
+//! | `conv.rs` | IM2COL, IM2COL_3D, CONV_2D_DW, CONV_2D, CONV_3D, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, COL2IM_1D |
+//! | `pool.rs` | POOL_1D, POOL_2D, UPSCALE, PAD_REFLECT_1D |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -31,6 +33,7 @@
 
 mod attention;
 mod backward;
+mod conv;
 mod copy;
 mod delta_net;
 mod elementwise;
@@ -43,6 +46,7 @@ mod norm;
 mod optim;
 mod out_prod;
 mod pad;
+mod pool;
 mod reduce;
 mod rope;
 mod rows;
@@ -153,6 +157,21 @@ pub(crate) fn execute(
         Kernel::TimestepEmbedding { dim, max_period } => {
             pad::timestep_embedding(&node, dst, dim, max_period)
         }
+        Kernel::Im2Col(params) => conv::im2col(&node, dst, params),
+        Kernel::ConvDepthwise(window) => conv::conv_2d_dw(&node, dst, window),
+        Kernel::Conv(params) => conv::conv(&node, dst, params),
+        Kernel::Col2Im1d {
+            stride,
+            channels,
+            crop,
+        } => conv::col2im_1d(&node, dst, stride, channels, crop),
+        Kernel::ConvTranspose { stride, two_d } => conv::conv_transpose(&node, dst, stride, two_d),
+        Kernel::Pool(params) => pool::pool(&node, dst, params),
+        Kernel::Upscale {
+            mode,
+            align_corners,
+        } => pool::upscale(&node, dst, mode, align_corners),
+        Kernel::PadReflect1d { left } => pool::pad_reflect_1d(&node, dst, left),
     }
 }
 
@@ -235,6 +254,37 @@ pub(super) fn map_rows<S>(
                 }
                 bytes.resize(ne0 * scalar.size(), 0);
                 encode(scalar, y, bytes);
+                part.write_at(idx, 0, bytes)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Runs `fill(state, idx, row)` for every destination row `idx` (`ne0` f32 values), split
+/// over the pool, and stores each row in the destination's type (rounded once, as ggml stores
+/// its f32 results): the shape of kernels whose rows gather from anywhere in their sources.
+/// `cost` estimates the work per element.
+pub(super) fn fill_rows<S>(
+    node: &Node<'_>,
+    mut dst: Dst<'_>,
+    cost: usize,
+    init: impl Fn() -> S + Sync + Send,
+    fill: impl Fn(&mut S, [usize; 3], &mut [f32]) -> Result<()> + Sync + Send,
+) -> Result<()> {
+    let layout = *dst.layout();
+    let scalar = dst_scalar(&layout)?;
+    let ne0 = layout.ne[0];
+    let chunk = node.pool.chunk(layout.rows(), ne0.saturating_mul(cost));
+    let parts = dst.split_rows(chunk);
+    node.pool.run_with(
+        parts,
+        || (init(), vec![0.0f32; ne0], vec![0u8; ne0 * scalar.size()]),
+        |(state, row, bytes), mut part: DstPart<'_>| {
+            for r in part.rows() {
+                let idx = layout.row_index(r);
+                fill(state, idx, row)?;
+                encode(scalar, row, bytes);
                 part.write_at(idx, 0, bytes)?;
             }
             Ok(())
