@@ -10,8 +10,9 @@
 //! * `count: u8` (tensors, `1 + x % MAX_TENSORS`), then per tensor a [`TensorSpec`]: `op: u8`
 //!   (0 = a leaf; else op id `x - 1` modulo the op table, so ids past ggml's table are
 //!   refused by the decoder), `ty: u8` (index into [`TYPES`]), `ne: [u8; 4]` (`ne0 = x % 33`,
-//!   the others `x % 9`; quantized types count blocks in `ne0`), `layout: u8` (contiguous or
-//!   one of the permutations of [`PERMUTATIONS`]), `offset: u16` (bytes into the buffer in
+//!   the others `x % 9`; quantized types count blocks in `ne0`), `layout: u8` (bits 0-6:
+//!   contiguous or one of the permutations of [`PERMUTATIONS`]; bit 7: an op node takes its
+//!   first source's `ne` instead), `offset: u16` (bytes into the buffer in
 //!   16-byte steps; tensors may overlap or run past the end), `srcs: [u8; 4]` (0 = none, else
 //!   tensor `(x - 1) % i` of the ones before it), `params: u8` (how `op_params` are read:
 //!   bit 0 full `i32`s, else small integers, bit 1 then the floats `x / 8`), then the 16
@@ -65,7 +66,8 @@ pub struct TensorSpec {
     pub ty: u8,
     /// Dimension selectors.
     pub ne: [u8; 4],
-    /// 0: contiguous; `1 + i`: [`PERMUTATIONS`]`[i]` (modulo).
+    /// Bits 0-6: 0 contiguous, `1 + i` [`PERMUTATIONS`]`[i]` (modulo); bit 7: an op node
+    /// takes its first source's `ne`.
     pub layout: u8,
     /// Offset in 16-byte steps.
     pub offset: u16,
@@ -160,10 +162,19 @@ impl ComputeInput {
                 u32::from(spec.ne[2] % 9),
                 u32::from(spec.ne[3] % 9),
             ];
+            // layout bit 7: an op node takes its first source's shape (most ops keep it)
+            let first = spec.srcs[0];
+            let ne = if spec.op > 0 && spec.layout & 0x80 != 0 && first > 0 && i > 0 {
+                tensors
+                    .get(usize::from(first - 1) % i)
+                    .map_or(ne, |src: &RpcTensor| src.ne)
+            } else {
+                ne
+            };
             let mut tensor = RpcTensor::contiguous(i as u64 + 1, type_id, ne)
                 .unwrap_or_else(|| RpcTensor::contiguous(i as u64 + 1, ty::F32, ne).expect("F32"));
-            if spec.layout > 0 {
-                let axes = PERMUTATIONS[usize::from(spec.layout - 1) % PERMUTATIONS.len()];
+            if spec.layout & 0x7f > 0 {
+                let axes = PERMUTATIONS[usize::from((spec.layout & 0x7f) - 1) % PERMUTATIONS.len()];
                 let (ne, nb) = (tensor.ne, tensor.nb);
                 for d in 0..4 {
                     tensor.ne[axes[d]] = ne[d];
