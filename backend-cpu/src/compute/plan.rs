@@ -980,8 +980,10 @@ impl Checker<'_> {
                     return Err(self.refuse("ADD_ID takes float tensors and I32 ids"));
                 }
                 self.same_shape(&a, dst, "src0 and the destination")?;
+                // ids are read by position: an empty tensor has none, whatever its ne[0]
                 let shapes = a.ne[3] == 1
                     && b.ne[0] == a.ne[0]
+                    && !ids.is_empty()
                     && ids.ne[0] >= a.ne[1]
                     && ids.ne[1] >= a.ne[2];
                 if !shapes {
@@ -1524,7 +1526,7 @@ impl Checker<'_> {
             return Err(self.bad(format!("{} positions for {} tokens", pos.ne[0], a.ne[2])));
         }
         if let Some(f) = &factors {
-            if !is_float(f) || f.ne[0] < params.n_dims / 2 {
+            if !is_float(f) || f.is_empty() || f.ne[0] < params.n_dims / 2 {
                 return Err(self.bad("frequency factors must be floats, n_dims/2 of them"));
             }
         }
@@ -1561,7 +1563,7 @@ impl Checker<'_> {
             }
         }
         if let Some(s) = &sinks {
-            if !is_float(s) || s.ne[0] < a.ne[2] {
+            if !is_float(s) || s.is_empty() || s.ne[0] < a.ne[2] {
                 return Err(self.bad("sinks must be floats, one per head"));
             }
         }
@@ -1624,7 +1626,7 @@ impl Checker<'_> {
             }
         }
         if let Some(s) = &sinks {
-            if !is_float(s) || s.ne[0] < n_head {
+            if !is_float(s) || s.is_empty() || s.ne[0] < n_head {
                 return Err(self.bad("sinks must be floats, one per head"));
             }
         }

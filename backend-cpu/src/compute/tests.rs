@@ -1899,6 +1899,45 @@ fn rope_positions_must_be_one_row_of_enough_values() {
     }
 }
 
+/// Sources a kernel reads by position (sinks, frequency factors, ids) must hold those values:
+/// an empty tensor whose `ne[0]` is large enough has none (found by the graph_compute fuzz
+/// target: the kernels read past the empty tensors).
+#[test]
+fn empty_auxiliary_sources_are_refused() {
+    // SOFT_MAX with empty sinks
+    let mut g = G::new();
+    let a = g.input(ty::F32, [8, 2, 3, 1], &[0.5; 48]);
+    let sinks = g.input(ty::F32, [3, 0, 1, 1], &[]);
+    g.node(
+        Op::SOFT_MAX,
+        ty::F32,
+        [8, 2, 3, 1],
+        &[a, NONE, sinks],
+        &[f(1.0), 0],
+    );
+    assert_refused(&g, ErrorKind::InvalidGraph);
+    // ROPE with empty frequency factors
+    let mut g = G::new();
+    let a = g.input(ty::F32, [32, 2, 3, 1], &[0.5; 192]);
+    let p = g.ids(ty::I32, [3, 1, 1, 1], &[0, 1, 2]);
+    let factors = g.input(ty::F32, [16, 1, 0, 1], &[]);
+    g.node(
+        Op::ROPE,
+        ty::F32,
+        [32, 2, 3, 1],
+        &[a, p, factors],
+        &rope_params(32, 0, 0),
+    );
+    assert_refused(&g, ErrorKind::InvalidGraph);
+    // ADD_ID with empty ids
+    let mut g = G::new();
+    let a = g.input(ty::F32, [4, 2, 2, 1], &[0.5; 16]);
+    let b = g.input(ty::F32, [4, 3, 1, 1], &[0.5; 12]);
+    let ids = g.ids(ty::I32, [2, 2, 0, 1], &[]);
+    g.node(Op::ADD_ID, ty::F32, [4, 2, 2, 1], &[a, b, ids], &[]);
+    assert_refused(&g, ErrorKind::InvalidGraph);
+}
+
 #[test]
 fn rope_normal_and_neox_with_yarn_and_frequency_factors() {
     let mut rng = Rng::new(16);
