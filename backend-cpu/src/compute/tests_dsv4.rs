@@ -123,6 +123,8 @@ fn lightning_indexer_adds_relu_scores_of_every_head_and_the_mask() {
         (64, 2, 5, 4, 3, 3, ty::BF16, true),
         (32, 5, 65, 2, 1, 1, ty::Q4_0, false),
         (64, 6, 12, 6, 2, 2, ty::F32, false),
+        // empty rows: every dot product is 0, the scores are the mask
+        (0, 2, 3, 2, 1, 1, ty::F32, false),
     ];
     for (width, heads, n_kv, tokens, streams, mask_streams, key_type, strided_q) in cases {
         let p = Indexer {
