@@ -79,6 +79,8 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_dsv4;
+#[cfg(test)]
 mod tests_gdn;
 #[cfg(test)]
 mod tests_ssm;

@@ -24,6 +24,7 @@
 //! | `pad.rs` | PAD, ROLL, ARANGE, TIMESTEP_EMBEDDING |
 //! | `conv.rs` | IM2COL, IM2COL_3D, CONV_2D_DW, CONV_2D, CONV_3D, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, COL2IM_1D |
 //! | `pool.rs` | POOL_1D, POOL_2D, UPSCALE, PAD_REFLECT_1D |
+//! | `deepseek.rs` | LIGHTNING_INDEXER, DSV4_HC_COMB, DSV4_HC_PRE, DSV4_HC_POST |
 //!
 //! A kernel gets its sources as [`Input`]s and its destination as a `memory::Dst`, splits the
 //! destination into parts (rows, or row x column tiles), and gives the parts to the pool. Each
@@ -35,6 +36,7 @@ mod attention;
 mod backward;
 mod conv;
 mod copy;
+mod deepseek;
 mod delta_net;
 mod elementwise;
 // FLASH_ATTN_EXT's accumulators, with runtime-detected AVX2/FMA/F16C loops (see its docs).
@@ -172,6 +174,10 @@ pub(crate) fn execute(
             align_corners,
         } => pool::upscale(&node, dst, mode, align_corners),
         Kernel::PadReflect1d { left } => pool::pad_reflect_1d(&node, dst, left),
+        Kernel::LightningIndexer => deepseek::lightning_indexer(&node, dst),
+        Kernel::HcComb { eps, iterations } => deepseek::hc_comb(&node, dst, eps, iterations),
+        Kernel::HcPre { scale, gated } => deepseek::hc_pre(&node, dst, scale, gated),
+        Kernel::HcPost => deepseek::hc_post(&node, dst),
     }
 }
 
