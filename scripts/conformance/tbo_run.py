@@ -89,7 +89,9 @@ GROUPS = {
              # training: backward passes, losses, optimizer steps
              "OUT_PROD,ROPE_BACK,SILU_BACK,RMS_NORM_BACK,SOFT_MAX_BACK,GET_ROWS_BACK,REPEAT_BACK,"
              "ACC,SET,COUNT_EQUAL,DIAG,GROUP_NORM,CROSS_ENTROPY_LOSS,CROSS_ENTROPY_LOSS_BACK,"
-             "OPT_STEP_ADAMW,OPT_STEP_SGD",
+             "OPT_STEP_ADAMW,OPT_STEP_SGD,"
+             # DeepSeek-V4-style graphs
+             "LIGHTNING_INDEXER,DSV4_HC_COMB,DSV4_HC_PRE,DSV4_HC_POST",
 }
 
 
