@@ -242,10 +242,12 @@ fn check_invariants(
         let (buffer, data) = (tensor.record.buffer, tensor.record.data);
         assert_eq!(tensor.location.is_some(), buffer != 0 || data != 0);
     }
-    // No cycles: Kahn's algorithm over src/view_src must order everything.
+    // No cycles: Kahn's algorithm over src/view_src must order everything. A source naming its
+    // own tensor (ggml_cast's CPY) is no dependency; a view of itself is a cycle.
     let links = |t: usize| {
         let tensor = &graph.tensors[t];
-        tensor.src.iter().flatten().chain(tensor.view_src.iter()).map(|&i| i as usize).collect::<Vec<_>>()
+        let sources = tensor.src.iter().flatten().map(|&i| i as usize).filter(|&i| i != t);
+        sources.chain(tensor.view_src.iter().map(|&i| i as usize)).collect::<Vec<_>>()
     };
     let mut pending: Vec<usize> = (0..n).map(|t| links(t).len()).collect();
     let mut users = vec![Vec::new(); n];

@@ -67,9 +67,14 @@ impl GraphTensor {
         self.src.iter().flatten().copied()
     }
 
-    /// Every outgoing link: the sources, then `view_src`.
-    fn links(&self) -> impl Iterator<Item = TensorIndex> + '_ {
-        self.sources().chain(self.view_src)
+    /// Every link the graph's order depends on, for the tensor at index `own`: the sources,
+    /// then `view_src`. A source naming the tensor itself is left out: `ggml_cast` builds a CPY
+    /// whose `src[1]` is its own result (the copy's destination operand, never read), and the
+    /// reference server accepts it; a `view_src` naming itself stays a cycle.
+    fn links(&self, own: TensorIndex) -> impl Iterator<Item = TensorIndex> + '_ {
+        self.sources()
+            .filter(move |&source| source != own)
+            .chain(self.view_src)
     }
 }
 
@@ -456,10 +461,31 @@ mod tests {
     }
 
     #[test]
+    fn graph_accepts_a_source_naming_its_own_tensor_as_ggml_cast_builds_it() {
+        // ggml_cast: a CPY whose src[1] is its own result (llama.cpp's test-backend-ops
+        // TOPK_QSA sends one; the reference accepts it)
+        let mask = leaf(1, [4, 2, 1, 1]);
+        let cast = node(2, Op::CPY, &[1, 2], [4, 2, 1, 1]);
+        let add = node(3, Op::ADD, &[2, 2], [4, 2, 1, 1]);
+        let graph = decode(&request(&[2, 3], vec![mask, cast, add])).expect("accepted");
+        let cast_index = graph.nodes[0];
+        let cast = graph.tensor(cast_index);
+        assert_eq!(cast.src[0], Some(0));
+        assert_eq!(
+            cast.src[1],
+            Some(cast_index),
+            "the self link is kept for backends"
+        );
+        assert_eq!(graph.tensor(graph.nodes[1]).src[0], Some(cast_index));
+        // a node reading itself is no later node; reading a later node still is refused
+        let early = node(4, Op::SQR, &[5], [4, 1, 1, 1]);
+        let late = node(5, Op::CPY, &[1, 5], [4, 1, 1, 1]);
+        let mask = leaf(1, [4, 1, 1, 1]);
+        assert_invalid(decode(&request(&[4, 5], vec![mask, early, late])), "later");
+    }
+
+    #[test]
     fn graph_rejects_cycles() {
-        // self loop through src
-        let own = node(1, Op::SQR, &[1], [4, 1, 1, 1]);
-        assert_invalid(decode(&single(own)), "cycle through tensor 0x1");
         // self loop through view_src
         let mut own_view = leaf(1, [4, 1, 1, 1]);
         own_view.view_src = 1;
@@ -833,7 +859,13 @@ mod tests {
             let start_id = (salt >> 1) + first as u64 + 1;
             let end_id = (salt >> 1) + end as u64 + 1;
             let record = req.tensors.iter_mut().find(|t| t.id == end_id).expect("present");
-            record.src[MAX_SRC - 1] = start_id; // generated tensors use at most 3 slots
+            if end == first {
+                // a source naming its own tensor is ggml_cast's CPY, accepted; a view of
+                // itself is a cycle
+                record.view_src = start_id;
+            } else {
+                record.src[MAX_SRC - 1] = start_id; // generated tensors use at most 3 slots
+            }
             assert_invalid(decode(&req), "cycle");
         }
 

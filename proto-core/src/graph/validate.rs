@@ -181,7 +181,7 @@ fn topological_order(tensors: &[GraphTensor]) -> Result<Vec<TensorIndex>> {
     // exactly its users (a compressed adjacency list: two allocations instead of n).
     let mut start = vec![0usize; n + 1];
     for (t, tensor) in tensors.iter().enumerate() {
-        for target in tensor.links() {
+        for target in tensor.links(to_index(t)?) {
             pending[t] += 1;
             start[slot(target) + 1] += 1;
         }
@@ -193,7 +193,7 @@ fn topological_order(tensors: &[GraphTensor]) -> Result<Vec<TensorIndex>> {
     let mut users = vec![0 as TensorIndex; start[n]];
     for (t, tensor) in tensors.iter().enumerate() {
         let user = to_index(t)?;
-        for target in tensor.links() {
+        for target in tensor.links(user) {
             users[next[slot(target)]] = user;
             next[slot(target)] += 1;
         }
@@ -240,7 +240,7 @@ fn cycle_member(tensors: &[GraphTensor], pending: &[u32]) -> TensorIndex {
     };
     while !seen[slot(current)] {
         seen[slot(current)] = true;
-        match tensors[slot(current)].links().find(|t| unordered(t)) {
+        match tensors[slot(current)].links(current).find(|t| unordered(t)) {
             Some(target) => current = target,
             // Unreachable by the invariant above; `current` is still a sound thing to name.
             None => break,
@@ -326,7 +326,7 @@ fn check_node_order(
     }
     for (position, &node) in nodes.iter().enumerate() {
         let tensor = &tensors[slot(node)];
-        for read in tensor.links() {
+        for read in tensor.links(node) {
             // `producer == position` would need a cycle, already rejected.
             if let Some(producer) = latest[slot(read)].filter(|&p| p >= position) {
                 return Err(invalid(format!(
