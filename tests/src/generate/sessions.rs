@@ -1186,8 +1186,8 @@ fn graph_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
     let structure: Vec<(&str, &str, GraphComputeRequest)> = vec![
         ("graph_cycle", "a reference cycle: mm.src[0] = act and act.src[0] = mm",
             with(&|g| { g.tensors[2].src[0] = g.tensors[3].id; })),
-        ("graph_self_reference", "a node that is its own source",
-            with(&|g| { g.tensors[5].src[1] = g.tensors[5].id; })),
+        ("graph_self_reference", "a view that is its own view source (a node naming itself as a source, as ggml_cast's CPY does, is accepted)",
+            with(&|g| { g.tensors[4].view_src = g.tensors[4].id; })),
         ("graph_dangling_src", "act.src[1] names an id that is not among the tensors",
             with(&|g| { g.tensors[3].src[1] = 0x0bad_0bad; })),
         ("graph_dangling_view_src", "view.view_src names an id that is not among the tensors",
