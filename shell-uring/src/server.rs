@@ -20,7 +20,10 @@
 //! readable (writable) again. One large direct transfer (4 MiB or more to go) at a time runs on
 //! the ring thread; further ones that start meanwhile run on blocking threads (non-blocking
 //! calls with `poll` in between, the core and a share of the socket with them), so the copies
-//! of many clients' transfers proceed on several cores. A transfer there whose socket stalls
+//! of many clients' transfers proceed on several cores: at most
+//! [`ServerConfig::direct_threads`] at once (by default the cores but the ring's), the rest take
+//! turns on the ring thread. More copying threads than cores only add context switches (with
+//! sixteen clients on two cores, a thread per transfer moved 10 % less than the tokio shell). A transfer there whose socket stalls
 //! for 100 ms comes back, and the ring waits for readiness with a `POLL_ADD` before the next
 //! one, so a client that stops reading or writing holds no thread. Where the dispatcher
 //! declines (the tensor cache also stores the data, data arrived buffered with the header, a
@@ -89,6 +92,10 @@ pub struct ServerConfig {
     pub rings: usize,
     /// Size of each receive of streamed tensor data (at most 16 MiB).
     pub stream_chunk: usize,
+    /// Most large direct transfers of one ring's clients that run on blocking threads at once
+    /// (at least 1); further ones share the ring thread. Default: the cores but one (the ring
+    /// thread's), at least 1: more copying threads than cores only add context switches.
+    pub direct_threads: usize,
 }
 
 impl ServerConfig {
@@ -103,6 +110,9 @@ impl ServerConfig {
             base,
             rings: 1,
             stream_chunk: DEFAULT_STREAM_CHUNK,
+            direct_threads: std::thread::available_parallelism()
+                .map_or(1, |cores| cores.get().saturating_sub(1))
+                .max(1),
         }
     }
 }
@@ -163,6 +173,7 @@ struct Shared {
     max_clients: usize,
     shutdown_grace: Duration,
     stream_chunk: usize,
+    direct_threads: usize,
     active: AtomicUsize,
     stop: AtomicBool,
     announced: AtomicBool,
@@ -225,6 +236,7 @@ impl Server {
             max_clients: config.base.max_clients,
             shutdown_grace: config.base.shutdown_grace,
             stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
+            direct_threads: config.direct_threads.max(1),
             active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             announced: AtomicBool::new(false),
@@ -438,6 +450,10 @@ struct Loop {
     ready: VecDeque<(Tag, OpKind)>,
     /// Connections running a large direct transfer on this ring (flagged `ring_direct`).
     ring_direct: usize,
+    /// Direct transfers of this ring's connections running on blocking threads.
+    offloaded_direct: usize,
+    /// Most of those at once ([`ServerConfig::direct_threads`]).
+    max_offloaded_direct: usize,
     stopping: bool,
 }
 
@@ -445,13 +461,15 @@ impl Loop {
     fn new(ring: Ring, shared: Arc<Shared>, mailbox: Arc<Mailbox>, listener: TcpListener) -> Loop {
         Loop {
             ring,
-            shared,
             mailbox,
             listener: Some(listener),
             accept_op: None,
             conns: Conns::default(),
             ready: VecDeque::new(),
             ring_direct: 0,
+            offloaded_direct: 0,
+            max_offloaded_direct: shared.direct_threads,
+            shared,
             stopping: false,
         }
     }
@@ -650,6 +668,9 @@ impl Loop {
             stop,
             direct,
         } = returned;
+        if direct.is_some() {
+            self.offloaded_direct -= 1;
+        }
         let Some(conn) = self.conns.get_mut(tag) else {
             return;
         };
@@ -729,7 +750,7 @@ impl Loop {
                     return;
                 }
                 if core.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
-                    if self.ring_direct > 0 {
+                    if self.ring_direct > 0 && self.offloaded_direct < self.max_offloaded_direct {
                         return self.offload_direct(tag, true);
                     }
                     conn.ring_direct = true;
@@ -768,7 +789,7 @@ impl Loop {
                     return;
                 }
                 if remaining >= DIRECT_OFFLOAD_BYTES {
-                    if self.ring_direct > 0 {
+                    if self.ring_direct > 0 && self.offloaded_direct < self.max_offloaded_direct {
                         return self.offload_direct(tag, false);
                     }
                     conn.ring_direct = true;
@@ -844,6 +865,7 @@ impl Loop {
         let stream = conn.stream.clone();
         let mailbox = self.mailbox.clone();
         let span = conn.span.clone();
+        self.offloaded_direct += 1;
         self.shared.pool.execute(move || {
             let (stop, end) = span.in_scope(|| direct_blocking(&mut core, &stream, writable));
             // The ring alone owns the socket again before it sees the core.

@@ -2,7 +2,9 @@
 //! straight from it) with clients that keep stopping mid-transfer for longer than the server's
 //! direct transfers wait on a blocking thread: the wait moves back to the ring and the transfer
 //! resumes there, with every byte in place, and other clients are served meanwhile. Several
-//! clients at once, so that some transfers run on the ring and some on blocking threads.
+//! clients at once, so that some transfers run on the ring and some on blocking threads, and
+//! with more of them than the blocking threads direct transfers may take, so that several
+//! share the ring thread.
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;
@@ -26,14 +28,27 @@ async fn tensor_in(client: &mut Client, len: usize) -> RpcTensor {
 
 #[test]
 fn stalling_clients_get_their_large_transfers_done() {
+    stalling_clients(3, None);
+}
+
+#[test]
+fn large_transfers_beyond_the_direct_threads_share_the_ring() {
+    // One on a blocking thread, three taking turns on the ring.
+    stalling_clients(4, Some(1));
+}
+
+fn stalling_clients(clients: u8, direct_threads: Option<usize>) {
     let backend = Arc::new(MemoryBackend::new(1, 1 << 30));
-    let config = ServerConfig::new(ProtocolVersion::V8_0_0);
+    let mut config = ServerConfig::new(ProtocolVersion::V8_0_0);
+    if let Some(threads) = direct_threads {
+        config.direct_threads = threads;
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let server = Server::start(listener, backend.clone(), config).unwrap();
     let addr = server.local_addr();
 
     // Each stalling client runs on a runtime whose only thread is blocked now and then.
-    let stalling: Vec<_> = (0..3u8)
+    let stalling: Vec<_> = (0..clients)
         .map(|c| {
             std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
