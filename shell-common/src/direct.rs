@@ -8,6 +8,19 @@
 
 use std::io;
 
+/// Most bytes one direct `send` offers the socket. A reply sent in pieces this large beat one
+/// `send` of all that the socket buffer takes by 15-20 % on loopback (256 MiB GET_TENSOR, tokio
+/// shell, five interleaved rounds: 4.3-5.1 against 3.6-4.3 GB/s; 128 KiB and 4 MiB pieces were
+/// slower again): between pieces the socket is unlocked, so the peer's acknowledgements are
+/// processed, and the next segments pushed, where they arrive instead of piling up in the
+/// backlog that the sending thread works off under its own lock.
+pub const SEND_PIECE: usize = 512 << 10;
+
+/// The part of `src` that one direct `send` offers the socket ([`SEND_PIECE`] at most).
+pub fn send_piece(src: &[u8]) -> &[u8] {
+    &src[..src.len().min(SEND_PIECE)]
+}
+
 /// How a direct transfer between a socket and lent backend memory went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direct {
@@ -85,5 +98,13 @@ mod tests {
             0
         );
         assert!(outcome.unwrap().is_err());
+    }
+
+    #[test]
+    fn a_send_offers_at_most_one_piece() {
+        let region = vec![7u8; SEND_PIECE * 2 + 3];
+        assert_eq!(send_piece(&region).len(), SEND_PIECE);
+        assert_eq!(send_piece(&region[..10]).len(), 10);
+        assert!(send_piece(&[]).is_empty());
     }
 }

@@ -374,7 +374,10 @@ async fn send_direct(
         let lent = core
             .dispatcher
             .send_in_place(reply, &mut core.session, &mut |src| {
-                record(stream.get_ref().write(src), &mut outcome)
+                record(
+                    stream.get_ref().write(direct::send_piece(src)),
+                    &mut outcome,
+                )
             })?;
         if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
             return Ok(Direct::Declined);

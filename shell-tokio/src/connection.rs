@@ -167,7 +167,7 @@ async fn send_direct(
         socket.writable().await?;
         let mut outcome = None;
         let lent = dispatcher.send_in_place(reply, session, &mut |src| {
-            record(socket.try_write(src), &mut outcome)
+            record(socket.try_write(direct::send_piece(src)), &mut outcome)
         })?;
         if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
             return Ok(Direct::Declined);

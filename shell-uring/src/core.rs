@@ -22,6 +22,9 @@ use crate::comm::CommLink;
 
 pub(crate) use shell_common::ConnectionConfig;
 
+/// Most bytes [`Core::send_direct`] sends in one call (several pieces).
+const SEND_BURST: usize = 4 << 20;
+
 /// Work of an event that needs sockets besides the client's (the comm link).
 #[derive(Debug)]
 pub(crate) enum CommWork {
@@ -200,29 +203,47 @@ impl Core {
     }
 
     /// Sends the next part of the reply in progress (its head already written) straight from
-    /// backend memory to `stream` (one non-blocking `send`). `None`: the backend does not lend
-    /// its memory (nothing was sent; the reply goes piece by piece through the outbox).
+    /// backend memory to `stream`: non-blocking `send`s of at most
+    /// [`SEND_PIECE`](shell_common::direct::SEND_PIECE) each, up to [`SEND_BURST`] bytes while
+    /// the socket takes whole pieces (the ring makes one call per connection per pass, and a
+    /// pass costs a ring submission). `None`: the backend does not lend its memory (nothing was
+    /// sent; the reply goes piece by piece through the outbox).
     pub(crate) fn send_direct(
         &mut self,
         stream: &TcpStream,
     ) -> proto_core::Result<Option<io::Result<usize>>> {
-        let Some(reply) = self.reply.as_mut() else {
-            return Ok(Some(Ok(0)));
-        };
-        let mut outcome = None;
-        let sent = self
-            .dispatcher
-            .send_in_place(reply, &mut self.session, &mut |src| {
-                record(crate::ring::send_now(stream, src), &mut outcome)
-            })?;
-        if sent.is_none() {
-            self.direct_replies = false;
-            return Ok(None);
+        let mut total = 0;
+        while total < SEND_BURST {
+            let Some(reply) = self.reply.as_mut() else {
+                return Ok(Some(Ok(total)));
+            };
+            let mut outcome = None;
+            let sent = self
+                .dispatcher
+                .send_in_place(reply, &mut self.session, &mut |src| {
+                    record(
+                        crate::ring::send_now(stream, shell_common::direct::send_piece(src)),
+                        &mut outcome,
+                    )
+                })?;
+            if sent.is_none() {
+                self.direct_replies = false;
+                return Ok(if total == 0 { None } else { Some(Ok(total)) });
+            }
+            if reply.remaining() == 0 {
+                self.reply = None;
+            }
+            match outcome.unwrap_or(Ok(0)) {
+                Ok(n) if n == shell_common::direct::SEND_PIECE => total += n,
+                Ok(n) => return Ok(Some(Ok(total + n))),
+                // What moved before the socket filled up counts; the next call sees it full.
+                Err(error) if total > 0 && shell_common::direct::retry(&error) => {
+                    return Ok(Some(Ok(total)))
+                }
+                Err(error) => return Ok(Some(Err(error))),
+            }
         }
-        if reply.remaining() == 0 {
-            self.reply = None;
-        }
-        Ok(Some(outcome.unwrap_or(Ok(0))))
+        Ok(Some(Ok(total)))
     }
 
     /// Bytes of the reply in progress still to send (0: none in progress).
