@@ -557,7 +557,10 @@ impl AsyncWrite for SocketWriter<'_> {
     }
 }
 
-/// Writes a list of buffers in order, as few system calls as the socket allows.
+/// Writes a list of buffers in order, in as few system calls as the socket allows, each
+/// offering at most [`SEND_PIECE`](direct::SEND_PIECE) bytes (a 256 MiB SET_TENSOR from the
+/// client went 35 % faster in such pieces than in writes of all the socket would take; see
+/// there why).
 pub(crate) async fn write_all_vectored<S: AsyncWrite + Unpin>(
     stream: &mut S,
     mut queue: Vec<Bytes>,
@@ -566,10 +569,15 @@ pub(crate) async fn write_all_vectored<S: AsyncWrite + Unpin>(
     let mut first = 0;
     while first < queue.len() {
         let written = {
+            let mut offered = 0;
             let slices: Vec<io::IoSlice<'_>> = queue[first..]
                 .iter()
                 .take(MAX_IO_SLICES)
-                .map(|b| io::IoSlice::new(b))
+                .map_while(|b| {
+                    let take = b.len().min(direct::SEND_PIECE - offered);
+                    offered += take;
+                    (take > 0).then(|| io::IoSlice::new(&b[..take]))
+                })
                 .collect();
             stream.write_vectored(&slices).await?
         };
@@ -590,4 +598,94 @@ pub(crate) async fn write_all_vectored<S: AsyncWrite + Unpin>(
         }
     }
     stream.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the bytes of each write call; takes at most `accept` bytes per call.
+    struct Recorder {
+        calls: Vec<usize>,
+        data: Vec<u8>,
+        accept: usize,
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let n = buf.len().min(self.accept);
+            self.calls.push(n);
+            self.data.extend_from_slice(&buf[..n]);
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> std::task::Poll<io::Result<usize>> {
+            let mut n = 0;
+            for buf in bufs {
+                let take = buf.len().min(self.accept - n);
+                self.data.extend_from_slice(&buf[..take]);
+                n += take;
+            }
+            self.calls.push(bufs.iter().map(|b| b.len()).sum());
+            std::task::Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn vectored_writes_offer_one_piece_at_a_time_and_keep_the_order() {
+        let piece = direct::SEND_PIECE;
+        let queue: Vec<Bytes> = vec![
+            Bytes::from_static(b"head"),
+            Bytes::new(),
+            (0..piece * 2 + 100).map(|i| (i % 251) as u8).collect(),
+            Bytes::from_static(b"tail"),
+        ];
+        let expected: Vec<u8> = queue.iter().flat_map(|b| b.iter().copied()).collect();
+        // A socket that takes everything offered, and one that takes a little at a time.
+        for accept in [usize::MAX, 3000] {
+            let mut writer = Recorder {
+                calls: Vec::new(),
+                data: Vec::new(),
+                accept,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime
+                .block_on(write_all_vectored(&mut writer, queue.clone()))
+                .unwrap();
+            assert!(writer.data == expected, "bytes in order (accept {accept})");
+            assert!(writer.calls.iter().all(|&n| n > 0 && n <= piece));
+            if accept == usize::MAX {
+                // head + the first piece's rest, then whole pieces, then the end with the tail.
+                assert_eq!(writer.calls.len(), 3);
+            }
+        }
+    }
 }
