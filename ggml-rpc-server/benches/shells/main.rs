@@ -176,7 +176,7 @@ async fn measure(
         }
         if wanted("multi") {
             for _ in 0..repeat.max(1) {
-                match many_transfers(addr, per_client).await {
+                match many_transfers(addr, per_client, clients).await {
                     Ok(rate) => row.multi_gbps = row.multi_gbps.max(rate),
                     Err(error) => report("16 x 64 MiB SET+GET", error),
                 }
@@ -266,14 +266,17 @@ async fn small_commands(
     .await?
 }
 
-/// 16 clients at once, each SET then GET of its own 64 MiB tensor; aggregate GB/s over both
-/// directions.
-async fn many_transfers(addr: SocketAddr, data: &Bytes) -> Result<f64, BoxError> {
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let data = data.clone();
-        tasks.push(tokio::spawn(retrying(move || {
+/// 16 clients, each SET then GET of its own 64 MiB tensor; aggregate GB/s over both
+/// directions. All at once, or one after another ([`load::Clients::Serial`], for the reference:
+/// with its backlog of one, sixteen connections at once left some half open, their HELLO
+/// retransmitted at ever longer intervals, for minutes).
+async fn many_transfers(
+    addr: SocketAddr,
+    data: &Bytes,
+    clients: load::Clients,
+) -> Result<f64, BoxError> {
+    let one_client = |data: Bytes| {
+        retrying(move || {
             let data = data.clone();
             async move {
                 let mut client = connect(addr).await?;
@@ -285,10 +288,23 @@ async fn many_transfers(addr: SocketAddr, data: &Bytes) -> Result<f64, BoxError>
                 }
                 Ok(())
             }
-        })));
-    }
-    for task in tasks {
-        task.await??;
+        })
+    };
+    let start = Instant::now();
+    match clients {
+        load::Clients::Serial => {
+            for _ in 0..CLIENTS {
+                one_client(data.clone()).await?;
+            }
+        }
+        load::Clients::Concurrent => {
+            let tasks: Vec<_> = (0..CLIENTS)
+                .map(|_| tokio::spawn(one_client(data.clone())))
+                .collect();
+            for task in tasks {
+                task.await??;
+            }
+        }
     }
     Ok(gbps(2 * CLIENTS * data.len(), start.elapsed()))
 }
