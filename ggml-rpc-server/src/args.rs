@@ -57,6 +57,12 @@ pub struct Args {
     #[arg(long)]
     pub no_huge_pages: bool,
 
+    /// Keep the system's TCP congestion control on connections from this host too. By default
+    /// those use CUBIC (else Reno): on loopback the pacing of BBR, a common system default,
+    /// slows one large transfer by a third; with many concurrent transfers it helps a little.
+    #[arg(long)]
+    pub system_congestion_control: bool,
+
     /// Largest buffered request in bytes (GRAPH_COMPUTE and fixed-size commands; tensor data
     /// is streamed and not limited by this).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
@@ -108,7 +114,7 @@ mod tests {
         assert_eq!(args.protocol, 8);
         assert_eq!(args.shell, "tokio");
         assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
-        assert!(!args.no_huge_pages);
+        assert!(!args.no_huge_pages && !args.system_congestion_control);
     }
 
     #[test]
@@ -131,13 +137,14 @@ mod tests {
             "--memory-quota",
             "1048576",
             "--no-huge-pages",
+            "--system-congestion-control",
             "-vv",
         ])
         .unwrap();
         assert_eq!(args.host, Ipv4Addr::UNSPECIFIED);
         assert_eq!((args.port, args.threads, args.protocol), (1234, Some(3), 7));
         assert_eq!(args.device.as_deref(), Some("cpu"));
-        assert!(args.cache && args.no_huge_pages);
+        assert!(args.cache && args.no_huge_pages && args.system_congestion_control);
         assert_eq!(
             (args.max_clients, args.memory_quota, args.verbose),
             (2, Some(1 << 20), 2)

@@ -59,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    shell_common::set_tuning(!args.system_congestion_control);
     let defaults = backend_cpu::CpuConfig::default();
     let threads = args.threads.unwrap_or(defaults.threads);
     let pages = if args.no_huge_pages {

@@ -312,3 +312,64 @@ fn bad_flags_are_refused() {
         assert!(!output.status.success(), "{args:?}");
     }
 }
+
+/// The congestion control of the server's side of the connection from local port `client`
+/// (as `ss` shows it: the algorithm's name opens the detail line).
+fn server_side_congestion(server: u16, client: u16) -> String {
+    let filter = format!("( sport = :{server} and dport = :{client} )");
+    let output = Command::new("ss")
+        .args(["-Htin", "state", "established", &filter])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let details = text
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("one socket: {text}"));
+    details
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn same_host_clients_get_congestion_control_without_pacing_on_every_shell() {
+    let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .unwrap()
+        .trim()
+        .to_owned();
+    for shell in SHELLS {
+        for keep in [false, true] {
+            let port = free_port();
+            let port_arg = port.to_string();
+            let mut args = vec!["-p", &port_arg, "--shell", shell];
+            if keep {
+                args.push("--system-congestion-control");
+            }
+            let (child, _) = start(&args);
+            let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let client = stream.local_addr().unwrap().port();
+            // The server tunes the socket right after accepting it.
+            let deadline = std::time::Instant::now() + DEADLINE;
+            let mut seen = String::new();
+            while std::time::Instant::now() < deadline {
+                seen = server_side_congestion(port, client);
+                if !seen.is_empty() && (keep || seen != system || system == "cubic") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(stream);
+            terminate(child, "-TERM");
+            if keep {
+                assert_eq!(seen, system, "{shell} with --system-congestion-control");
+            } else {
+                assert!(
+                    seen == "cubic" || seen == "reno",
+                    "{shell}: the server's side runs {seen}"
+                );
+            }
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //!   zero-copy tensor data path).
 //! * [`low_water`]: [`LowWater`], the receive low-water mark while a bulk payload streams in
 //!   (its one system call is the crate's only `unsafe`).
+//! * [`same_host`]: [`tune_for_peer`], no pacing congestion control for a peer on this host.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod config;
 pub mod direct;
 pub mod heavy;
 pub mod low_water;
+pub mod same_host;
 
 pub use cache_dir::FsTensorCache;
 pub use config::{
@@ -27,3 +29,4 @@ pub use config::{
 pub use direct::Direct;
 pub use heavy::{is_heavy, HEAVY_BYTES};
 pub use low_water::LowWater;
+pub use same_host::{set_tuning, tune_for_peer, tune_or_log};

@@ -91,6 +91,7 @@ impl CommLink {
             (connect_peer(&host, port).await?, handshake)
         };
         stream.get_ref().set_nodelay(true)?;
+        shell_common::tune_or_log(stream.get_ref());
         let mut link = CommLink {
             stream,
             rank: request.rank,

@@ -138,6 +138,7 @@ pub(crate) async fn run(
     if let Err(error) = stream.get_ref().set_nodelay(true) {
         tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
     }
+    shell_common::tune_or_log(stream.get_ref());
     tracing::info!("Accepted client connection");
     let mut stream = stream;
     let result = serve_connection(&mut stream, backend, &config, &stop).await;

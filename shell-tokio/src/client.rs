@@ -102,6 +102,7 @@ impl Client {
         version: ProtocolVersion,
     ) -> Result<Client, ClientError> {
         stream.set_nodelay(true)?;
+        shell_common::tune_or_log(&stream);
         let peer = stream.peer_addr()?;
         let session = ClientSession::new(version, [0; 24])?;
         let mut stream = stream;

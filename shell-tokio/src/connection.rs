@@ -187,6 +187,7 @@ pub(crate) async fn run(
     if let Err(error) = stream.set_nodelay(true) {
         tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
     }
+    shell_common::tune_or_log(&stream);
     tracing::info!("Accepted client connection");
     let mut stream = stream;
     // The dispatcher lives inside `serve_connection`, so every buffer is freed before the

@@ -76,6 +76,7 @@ impl CommLink {
             (connect_peer(&host, port)?, handshake)
         };
         stream.set_nodelay(true)?;
+        shell_common::tune_or_log(&stream);
         let mut link = CommLink {
             stream,
             rank: request.rank,

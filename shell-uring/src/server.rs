@@ -567,6 +567,7 @@ impl Loop {
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
             }
+            shell_common::tune_or_log(&stream);
             tracing::info!("Accepted client connection");
             Core::new(shared.backend.clone(), &shared.connection)
         };
