@@ -23,13 +23,13 @@
 //! of many clients' transfers proceed on several cores: at most
 //! [`ServerConfig::direct_threads`] at once (by default the cores but the ring's), the rest take
 //! turns on the ring thread. More copying threads than cores only add context switches (with
-//! sixteen clients on two cores, a thread per transfer moved 10 % less than the tokio shell). A transfer there whose socket stalls
-//! for 100 ms comes back, and the ring waits for readiness with a `POLL_ADD` before the next
-//! one, so a client that stops reading or writing holds no thread. Where the dispatcher
-//! declines (the tensor cache also stores the data, data arrived buffered with the header, a
-//! backend without host memory), streamed data is received into a buffer of
-//! `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session whole, and
-//! replies go piece by piece through the transmit queue. Heavy events and comm link work go to
+//! sixteen clients on two cores, a thread per transfer moved 10 % less than the tokio shell).
+//! A transfer there whose socket stalls for 100 ms comes back, and the ring waits for readiness
+//! with a `POLL_ADD` before the next one, so a client that stops reading or writing holds no
+//! thread. Where the dispatcher declines (the tensor cache also stores the data, data arrived
+//! buffered with the header, a backend without host memory), streamed data is received into a
+//! buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session
+//! whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to
 //! a blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
 
