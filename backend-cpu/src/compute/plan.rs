@@ -623,7 +623,7 @@ pub(crate) struct GluParams {
     pub swapped: bool,
     /// SWIGLU_OAI's alpha.
     pub alpha: f32,
-    /// SWIGLU_OAI's limit.
+    /// SWIGLU_OAI's and SWIGLU_CLAMP's limit.
     pub limit: f32,
 }
 
@@ -1810,11 +1810,15 @@ impl Checker<'_> {
         let a = self.need(0)?;
         let b = self.src(1)?;
         let op = GluOp(self.param(0));
-        if op == GluOp::SWIGLU_CLAMP || !op.is_valid() {
-            return Err(self.refuse("GLU sub-op not supported"));
+        if !op.is_valid() {
+            return Err(self.refuse("GLU sub-op outside ggml's GLU table"));
         }
         if !is_float(&a) || a.type_id != dst.type_id {
             return Err(self.refuse("GLU takes and gives one float type"));
+        }
+        // ggml-cpu's SWIGLU_CLAMP has F32 and F16 kernels only (it aborts on anything else)
+        if op == GluOp::SWIGLU_CLAMP && a.type_id != ty::F32 && a.type_id != ty::F16 {
+            return Err(self.refuse("SWIGLU_CLAMP takes and gives F32 or F16"));
         }
         let nc = match &b {
             Some(b) => {

@@ -1209,6 +1209,15 @@ fn glu_variants_split_swapped_and_two_tensor_forms() {
             1e-11,
         ),
         (
+            GluOp::SWIGLU_CLAMP,
+            Box::new(move |x: f64, g: f64| {
+                let x = x.min(f64::from(limit));
+                let g = g.clamp(-f64::from(limit), f64::from(limit));
+                silu(x) * g
+            }),
+            1e-12,
+        ),
+        (
             GluOp::GEGLU_QUICK,
             Box::new(|x: f64, g: f64| x / (1.0 + (-1.702 * x).exp()) * g),
             1e-5,
@@ -1256,6 +1265,89 @@ fn glu_variants_split_swapped_and_two_tensor_forms() {
             );
         }
     }
+}
+
+#[test]
+fn swiglu_clamp_f32_and_f16_in_every_form_match_the_scalar_formula() {
+    let mut rng = Rng::new(61);
+    // |values| up to 8 against a limit of 2: the gate is cut from above, the up half from both
+    // sides; the exact limits and 0 are in there too
+    let limit = 2.0f32;
+    // ggml_compute_forward_swiglu_clamp_{f32,f16}, element by element in f32
+    let reference = |x: f32, g: f32| {
+        let x = x.min(limit);
+        let g = g.clamp(-limit, limit);
+        x / (1.0 + (-x).exp()) * g
+    };
+    let nc = 19;
+    for t in [ty::F32, ty::F16] {
+        for form in 0..3 {
+            let mut x = rng.values(2 * nc * 4 * 3, 8.0);
+            x[..6].copy_from_slice(&[limit, -limit, 0.0, limit, -limit, 0.0]);
+            x[nc..nc + 6].copy_from_slice(&[-limit, limit, limit, 0.0, 3.0 * limit, -3.0 * limit]);
+            // what the tensors hold
+            let x = stored(t, &x);
+            let mut g = G::new();
+            let params = [GluOp::SWIGLU_CLAMP.0, i32::from(form == 1), 0, f(limit)];
+            let (node, pairs): (TensorIndex, Vec<(f32, f32)>) = if form < 2 {
+                let a = g.input(t, [2 * nc, 4, 3, 1], &x);
+                let n = g.node(Op::GLU, t, [nc, 4, 3, 1], &[a], &params);
+                let pairs = x
+                    .chunks(2 * nc)
+                    .flat_map(|row| {
+                        (0..nc).map(move |i| {
+                            if form == 1 {
+                                (row[nc + i], row[i])
+                            } else {
+                                (row[i], row[nc + i])
+                            }
+                        })
+                    })
+                    .collect();
+                (n, pairs)
+            } else {
+                let half = nc * 12;
+                let a = g.input(t, [nc, 4, 3, 1], &x[..half]);
+                let b = g.input(t, [nc, 4, 3, 1], &x[half..]);
+                let n = g.node(Op::GLU, t, [nc, 4, 3, 1], &[a, b], &params);
+                (n, (0..half).map(|i| (x[i], x[half + i])).collect())
+            };
+            assert!(
+                pairs.iter().any(|&(x, _)| x > limit)
+                    && pairs.iter().any(|&(_, g)| g > limit)
+                    && pairs.iter().any(|&(_, g)| g < -limit),
+                "the limit clamps"
+            );
+            let out = g.run(2).unwrap();
+            let got = g.read(&out, node);
+            // one f32 -> f16 rounding of the f32 result, as GGML_FP32_TO_FP16
+            let want = stored(
+                t,
+                &pairs
+                    .iter()
+                    .map(|&(x, g)| reference(x, g))
+                    .collect::<Vec<_>>(),
+            );
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "type {t} form {form} element {i}: got {got}, want {want}"
+                );
+            }
+        }
+    }
+    // ggml-cpu has no BF16 kernel of SWIGLU_CLAMP
+    let mut g = G::new();
+    let a = g.input(ty::BF16, [4, 1, 1, 1], &[1.0; 4]);
+    g.node(
+        Op::GLU,
+        ty::BF16,
+        [2, 1, 1, 1],
+        &[a],
+        &[GluOp::SWIGLU_CLAMP.0, 0, 0, f(limit)],
+    );
+    assert_refused(&g, ErrorKind::OpRefused);
 }
 
 // --- reductions and norms ------------------------------------------------------------------
@@ -2818,7 +2910,7 @@ fn custom_and_unimplemented_ops_are_refused() {
         ty::F32,
         [2, 1, 1, 1],
         &[a],
-        &[GluOp::SWIGLU_CLAMP.0],
+        &[GluOp(7).0], // GGML_GLU_OP_COUNT: past ggml's GLU table
     );
     assert_refused(&g, ErrorKind::OpRefused);
     let mut g = G::new();

@@ -3,9 +3,10 @@
 //! With one source, a row of `2 nc` values holds `x` in its first half and the gate `g` in its
 //! second (`swapped` exchanges them); with two sources (the "split" form) `x` comes from src0
 //! and `g` from src1, and `swapped` plays no part. The activations are those of `unary.rs`
-//! (GEGLU and GEGLU_QUICK with ggml's f16 tables). SWIGLU_OAI clamps
-//! `x = min(x, limit)`, `g = clamp(g, -limit, limit)` and computes
-//! `x / (1 + exp(-alpha x)) * (g + 1)`.
+//! (GEGLU and GEGLU_QUICK with ggml's f16 tables). SWIGLU_OAI and SWIGLU_CLAMP clamp
+//! `x = min(x, limit)`, `g = clamp(g, -limit, limit)`; SWIGLU_OAI then computes
+//! `x / (1 + exp(-alpha x)) * (g + 1)`, SWIGLU_CLAMP `x / (1 + exp(-x)) * g` (F16 rows widened
+//! to f32 and each result rounded back once, as `ggml_compute_forward_swiglu_clamp_f16` does).
 
 use proto_core::Result;
 
@@ -67,6 +68,16 @@ fn gate(params: GluParams, x: &[f32], g: &[f32], y: &mut [f32]) {
                 let x = std_min(x, limit);
                 let g = std_clamp(g, -limit, limit);
                 *y = x / (1.0 + (alpha * -x).exp()) * (g + 1.0);
+            })
+        }
+        GluOp::SWIGLU_CLAMP => {
+            let limit = params.limit;
+            it.for_each(|(y, (&x, &g))| {
+                let x = std_min(x, limit);
+                let g = std_clamp(g, -limit, limit);
+                // ggml-cpu calls the C library's expf element by element here (not SWIGLU's
+                // vectorized ggml_v_expf); `f32::exp` is that same expf
+                *y = x / (1.0 + (-x).exp()) * g;
             })
         }
         GluOp::GEGLU_ERF => it.for_each(|(y, (&x, &g))| *y = gelu_erf(x) * g),

@@ -6,7 +6,7 @@
 //! | `rows.rs` | GET_ROWS, SET_ROWS |
 //! | `elementwise.rs` | ADD, SUB, MUL, DIV (src1 broadcast), ADD1, ADD_ID, the element-wise maps |
 //! | `unary.rs` | the maps' math: UNARY sub-ops, SQR, SQRT, LOG, SIN, COS, SCALE, CLAMP, LEAKY_RELU |
-//! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK) |
+//! | `glu.rs` | GLU (REGLU, GEGLU, SWIGLU, SWIGLU_OAI, GEGLU_ERF, GEGLU_QUICK, SWIGLU_CLAMP) |
 //! | `reduce.rs` | SUM_ROWS, MEAN, SUM, ARGMAX, ARGSORT, TOP_K, COUNT_EQUAL |
 //! | `norm.rs` | NORM, RMS_NORM, L2_NORM, GROUP_NORM |
 //! | `mul_mat.rs` | MUL_MAT, MUL_MAT_ID |
