@@ -4,7 +4,8 @@
 //!
 //! * [`config`]: [`ServerConfig`], its defaults, and [`ConnectionConfig`] (the session and
 //!   dispatcher settings of one connection).
-//! * [`heavy`]: [`is_heavy`], the shells' rule for work that must not stall other clients.
+//! * [`heavy`]: [`is_heavy`] and [`is_heavy_to_free`], the shells' rule for work that must not
+//!   stall other clients.
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
 //! * [`direct`]: what a non-blocking socket call on lent backend memory came to (the
 //!   zero-copy tensor data path).
@@ -27,6 +28,6 @@ pub use config::{
     DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
 };
 pub use direct::Direct;
-pub use heavy::{is_heavy, HEAVY_BYTES};
+pub use heavy::{is_heavy, is_heavy_to_free, HEAVY_BYTES, HEAVY_FREE_BYTES};
 pub use low_water::LowWater;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};

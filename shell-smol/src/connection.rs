@@ -32,7 +32,7 @@ use proto_core::session::ServerSession;
 use proto_core::wire::CommInitRequest;
 
 use shell_common::direct::{self, record};
-use shell_common::{is_heavy, Direct};
+use shell_common::{is_heavy, is_heavy_to_free, Direct};
 
 use crate::comm_link::CommLink;
 
@@ -124,6 +124,16 @@ impl Driver {
         self.core = Some(core);
         result
     }
+
+    /// Frees everything the client holds: on the blocking pool when that is much, so the
+    /// executor thread's other clients do not wait for it.
+    async fn release(mut self) {
+        if let Some(core) = self.core.take() {
+            if is_heavy_to_free(core.dispatcher.buffers()) {
+                blocking::unblock(move || drop(core)).await;
+            }
+        }
+    }
 }
 
 /// Runs an accepted TCP client to its end and logs how it ended. `on_closed` runs after the
@@ -178,19 +188,31 @@ pub async fn serve_connection(
         })),
         dispatch: tracing::dispatcher::get_default(Clone::clone),
     };
+    let result = serve_client(stream, &mut driver, config, stop).await;
+    driver.release().await;
+    result
+}
+
+/// The body of [`serve_connection`]: the client's commands, on `driver`'s core.
+async fn serve_client(
+    stream: &mut Async<TcpStream>,
+    driver: &mut Driver,
+    config: &ConnectionConfig,
+    stop: &async_channel::Receiver<()>,
+) -> Result<Closed, ConnectionError> {
     let mut scratch = vec![0u8; READ_SIZE];
     let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
-        let processed = match process_events(&mut driver, &mut links).await {
+        let processed = match process_events(driver, &mut links).await {
             Ok(Some(Deferred::Reply(reply))) => {
                 flush(stream, &mut driver.core().session).await?;
-                send_reply(stream, &mut driver, reply).await?;
+                send_reply(stream, driver, reply).await?;
                 continue;
             }
             Ok(Some(Deferred::Comm(work))) => {
                 // Flush first: the client may be waiting for earlier responses.
                 flush(stream, &mut driver.core().session).await?;
-                comm_work(work, &mut driver, &mut links, config.comm_timeout)
+                comm_work(work, driver, &mut links, config.comm_timeout)
                     .await
                     .map(|()| true)
             }
@@ -274,7 +296,7 @@ async fn process_events(
     links: &mut HashMap<u32, CommLink>,
 ) -> proto_core::Result<Option<Deferred>> {
     while let Some(event) = driver.core().session.poll_event()? {
-        let outcome = if is_heavy(&event) {
+        let outcome = if is_heavy(&event, driver.core().dispatcher.buffers()) {
             driver
                 .blocking(move |core| core.dispatcher.handle(event))
                 .await?

@@ -52,7 +52,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
 use shell_common::direct::{self, record};
-use shell_common::{is_heavy, Direct};
+use shell_common::{is_heavy, is_heavy_to_free, Direct};
 
 use crate::comm_link::CommLink;
 
@@ -239,15 +239,34 @@ async fn serve<S>(
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
-    let mut session = ServerSession::new(config.session.clone());
     let mut dispatcher = Dispatcher::new(backend, config.dispatcher.clone())?;
+    let result = serve_client(stream, &mut dispatcher, config, stop, blocking).await;
+    // Everything the client held goes back here, off the worker's other clients if it is much.
+    if is_heavy_to_free(dispatcher.buffers()) {
+        run_blocking(blocking, move || drop(dispatcher));
+    }
+    result
+}
+
+/// The body of [`serve`]: the client's commands, against `dispatcher`.
+async fn serve_client<S>(
+    stream: &mut S,
+    dispatcher: &mut Dispatcher<dyn Backend>,
+    config: &ConnectionConfig,
+    stop: &mut watch::Receiver<bool>,
+    blocking: Blocking,
+) -> Result<Closed, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + DirectIo + Unpin,
+{
+    let mut session = ServerSession::new(config.session.clone());
     let mut read_buf = BytesMut::new();
     let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
-        let processed = match process_events(&mut session, &mut dispatcher, &mut links, blocking) {
+        let processed = match process_events(&mut session, dispatcher, &mut links, blocking) {
             Ok(Some(Deferred::Reply(reply))) => {
                 flush(stream, &mut session).await?;
-                send_reply(stream, &mut session, &mut dispatcher, reply, blocking).await?;
+                send_reply(stream, &mut session, dispatcher, reply, blocking).await?;
                 continue;
             }
             Ok(Some(Deferred::Comm(work))) => {
@@ -256,7 +275,7 @@ where
                 comm_work(
                     work,
                     &mut session,
-                    &mut dispatcher,
+                    dispatcher,
                     &mut links,
                     config.comm_timeout,
                     blocking,
@@ -287,7 +306,7 @@ where
             // that), so a client never gets half a tensor written.
             if let Some(socket) = stream.socket() {
                 if session.in_place_capacity() > 0 {
-                    match receive_direct(socket, &mut session, &mut dispatcher).await? {
+                    match receive_direct(socket, &mut session, dispatcher).await? {
                         Direct::Moved => continue,
                         Direct::Eof => {
                             session.handle_eof()?;
@@ -339,7 +358,7 @@ fn process_events(
     blocking: Blocking,
 ) -> proto_core::Result<Option<Deferred>> {
     while let Some(event) = session.poll_event()? {
-        let outcome = if is_heavy(&event) {
+        let outcome = if is_heavy(&event, dispatcher.buffers()) {
             run_blocking(blocking, || dispatcher.handle(event))?
         } else {
             dispatcher.handle(event)?

@@ -113,7 +113,7 @@ impl Core {
                 Ok(None) => return Stop::Idle,
                 Err(error) => return Stop::Failed(error),
             };
-            if !blocking && is_heavy(&event) {
+            if !blocking && is_heavy(&event, self.dispatcher.buffers()) {
                 return Stop::Work(Work::Event(event));
             }
             match self.execute(event) {
@@ -244,6 +244,12 @@ impl Core {
             }
         }
         Ok(Some(Ok(total)))
+    }
+
+    /// Whether freeing what the client holds would stall the ring (see
+    /// [`shell_common::is_heavy_to_free`]).
+    pub(crate) fn heavy_to_free(&self) -> bool {
+        shell_common::is_heavy_to_free(self.dispatcher.buffers())
     }
 
     /// Bytes of the reply in progress still to send (0: none in progress).

@@ -32,6 +32,9 @@
 //! whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to
 //! a blocking thread with the whole `Core`; the ring goes on serving the others and the core
 //! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
+//! Freeing a large buffer is heavy work too, and so is freeing a closing client that held
+//! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) or more (unmapping a GiB takes about
+//! 100 ms, which the ring's other clients would wait out); `join` waits for those frees.
 
 use std::collections::VecDeque;
 use std::io;
@@ -179,6 +182,46 @@ struct Shared {
     announced: AtomicBool,
     mailboxes: Vec<Arc<Mailbox>>,
     pool: Pool,
+    /// Closing connections whose buffers a blocking thread is freeing ([`Server::join`] waits
+    /// for them).
+    freeing: Freeing,
+}
+
+/// A count of connections being freed on blocking threads, that one can wait to reach zero.
+#[derive(Default)]
+struct Freeing {
+    count: Mutex<usize>,
+    done: std::sync::Condvar,
+}
+
+impl Freeing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.count
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn begin(&self) {
+        *self.lock() += 1;
+    }
+
+    fn end(&self) {
+        let mut count = self.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    fn wait(&self) {
+        let mut count = self.lock();
+        while *count > 0 {
+            count = self
+                .done
+                .wait(count)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
 }
 
 /// Asks a running [`Server`] to shut down (cheap to clone, usable from any thread).
@@ -242,6 +285,7 @@ impl Server {
             announced: AtomicBool::new(false),
             mailboxes,
             pool: Pool::new(MAX_BLOCKING_THREADS, dispatch.clone()),
+            freeing: Freeing::default(),
         });
         let mut listeners = Vec::with_capacity(rings);
         for _ in 1..rings {
@@ -313,6 +357,7 @@ impl Server {
                 tracing::error!("a ring thread panicked");
             }
         }
+        self.stopper.0.freeing.wait();
         self.stopper.0.pool.close();
     }
 }
@@ -1139,7 +1184,8 @@ impl Loop {
     }
 
     /// Closes a connection (no operation in flight): its buffers are freed first, then the
-    /// socket is closed, then the ending is logged.
+    /// socket is closed, then the ending is logged. A client that held much memory is freed on
+    /// a blocking thread, so the ring's other clients do not wait for it.
     fn finish(&mut self, tag: Tag, ending: Ending) {
         let Some(conn) = self.conns.remove(tag) else {
             return;
@@ -1150,9 +1196,49 @@ impl Loop {
         let Conn {
             stream, span, core, ..
         } = conn;
+        let closing = Closing {
+            core,
+            stream,
+            span,
+            ending,
+        };
+        if !closing.heavy_to_free() {
+            return closing.close(&self.shared);
+        }
+        let shared = self.shared.clone();
+        shared.freeing.begin();
+        self.shared.pool.execute(move || {
+            closing.close(&shared);
+            shared.freeing.end();
+        });
+    }
+}
+
+/// What is left of a connection that closes.
+struct Closing {
+    core: Option<Box<Core>>,
+    stream: Arc<TcpStream>,
+    span: tracing::Span,
+    ending: Ending,
+}
+
+impl Closing {
+    /// Whether freeing what the client holds would stall the ring.
+    fn heavy_to_free(&self) -> bool {
+        self.core.as_ref().is_some_and(|core| core.heavy_to_free())
+    }
+
+    /// Frees the client's buffers, closes the socket, logs the ending.
+    fn close(self, shared: &Shared) {
+        let Closing {
+            core,
+            stream,
+            span,
+            ending,
+        } = self;
         drop(core);
         drop(stream);
-        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        shared.active.fetch_sub(1, Ordering::SeqCst);
         let _entered = span.enter();
         match ending {
             Ending::ByClient => tracing::info!("Client connection closed"),

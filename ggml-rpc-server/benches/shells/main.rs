@@ -23,7 +23,8 @@
 //! of each rate measurement, default 2), `BENCH_REPEAT` (runs of each 256 MiB transfer, default
 //! 5: one takes 50-80 ms, and single runs of one server spread 2-5.7 GB/s with the machine's
 //! load; the 16-client transfer takes the best of as many), `BENCH_ROUNDS` (rounds over all the
-//! servers, interleaved, default 1; the table gives medians and ranges), `BENCH_LOAD_THREADS` (generator
+//! servers, interleaved, every other round in reverse order, default 1; the table gives
+//! medians and ranges), `BENCH_LOAD_THREADS` (generator
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
 
@@ -98,11 +99,17 @@ fn main() {
     let huge = fill(HUGE, 11);
 
     // Rounds interleave the servers, so a load change on the machine hits all of them alike;
-    // the table gives medians and the range of the per-round ratios.
+    // every other round runs them in reverse order, so none always runs first or last (right
+    // after the reference, or while the machine still settles). The table gives medians and
+    // the range of the per-round ratios.
     let mut rounds = Vec::new();
     for round in 0..rounds_wanted.max(1) {
         let mut rows = Vec::new();
-        for (name, args, program) in &targets {
+        let mut order: Vec<_> = targets.iter().collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for (name, args, program) in order {
             eprintln!("== {name} (round {})", round + 1);
             let mut row = Row {
                 name: name.clone(),
@@ -464,6 +471,7 @@ fn print_table(rounds: &[Vec<Row>]) {
     let Some(first) = rounds.first() else {
         return;
     };
+    // The first round ran the servers in their own order (later ones may have run reversed).
     let names: Vec<&str> = first.iter().map(|r| r.name.as_str()).collect();
     let value_of = |round: &[Row], name: &str, get: fn(&Row) -> f64| {
         round
