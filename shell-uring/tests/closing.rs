@@ -113,18 +113,7 @@ impl Backend for GatedFrees {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_client_is_freed_while_the_ring_serves_the_others() {
-    let gate = Arc::new(Gate::default());
-    let backend = Arc::new(GatedFrees {
-        inner: MemoryBackend::new(1, 1 << 30),
-        gate: gate.clone(),
-    });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = Server::start(
-        listener,
-        backend.clone(),
-        ServerConfig::new(ProtocolVersion::V8_0_0),
-    )
-    .unwrap();
+    let (server, backend, gate) = start();
     let addr = server.local_addr();
 
     let mut large = Client::connect(addr, ProtocolVersion::V8_0_0)
@@ -139,12 +128,7 @@ async fn a_large_client_is_freed_while_the_ring_serves_the_others() {
 
     // The free has begun and cannot finish: the ring serves the other client meanwhile (were
     // the ring freeing, this round trip would wait for the gate, which opens only after it).
-    tokio::task::spawn_blocking({
-        let gate = gate.clone();
-        move || gate.wait_for_a_free()
-    })
-    .await
-    .unwrap();
+    gate.clone().a_free_began().await;
     let served = tokio::time::timeout(Duration::from_secs(20), other.alignment(0)).await;
     assert_eq!(
         served.expect("the ring was blocked by the free").unwrap(),
@@ -160,26 +144,12 @@ async fn a_large_client_is_freed_while_the_ring_serves_the_others() {
         "freed on a blocking thread, not on the ring"
     );
     drop(other);
-    server.stop();
-    tokio::task::spawn_blocking(move || server.join())
-        .await
-        .unwrap();
+    stop(server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_free_buffer_runs_while_the_ring_serves_the_others() {
-    let gate = Arc::new(Gate::default());
-    let backend = Arc::new(GatedFrees {
-        inner: MemoryBackend::new(1, 1 << 30),
-        gate: gate.clone(),
-    });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = Server::start(
-        listener,
-        backend.clone(),
-        ServerConfig::new(ProtocolVersion::V8_0_0),
-    )
-    .unwrap();
+    let (server, backend, gate) = start();
     let addr = server.local_addr();
     let mut freeing = Client::connect(addr, ProtocolVersion::V8_0_0)
         .await
@@ -190,12 +160,7 @@ async fn a_large_free_buffer_runs_while_the_ring_serves_the_others() {
     let buffer = freeing.alloc_buffer(0, HELD).await.unwrap().unwrap();
     // FREE_BUFFER has no reply: the next round trip on the connection waits for it.
     freeing.free_buffer(buffer.handle).await.unwrap();
-    tokio::task::spawn_blocking({
-        let gate = gate.clone();
-        move || gate.wait_for_a_free()
-    })
-    .await
-    .unwrap();
+    gate.clone().a_free_began().await;
     let served = tokio::time::timeout(Duration::from_secs(20), other.alignment(0)).await;
     assert_eq!(
         served.expect("the ring was blocked by the free").unwrap(),
@@ -211,37 +176,18 @@ async fn a_large_free_buffer_runs_while_the_ring_serves_the_others() {
     assert_eq!(freeing.alignment(0).await.unwrap(), 32);
     assert_eq!(gate.freed_on()[1].as_deref(), Some("rpc-uring-0"));
     drop((freeing, other));
-    server.stop();
-    tokio::task::spawn_blocking(move || server.join())
-        .await
-        .unwrap();
+    stop(server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_waits_for_the_frees_of_closed_clients() {
-    let gate = Arc::new(Gate::default());
-    let backend = Arc::new(GatedFrees {
-        inner: MemoryBackend::new(1, 1 << 30),
-        gate: gate.clone(),
-    });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = Server::start(
-        listener,
-        backend.clone(),
-        ServerConfig::new(ProtocolVersion::V8_0_0),
-    )
-    .unwrap();
+    let (server, backend, gate) = start();
     let mut large = Client::connect(server.local_addr(), ProtocolVersion::V8_0_0)
         .await
         .unwrap();
     large.alloc_buffer(0, HELD).await.unwrap().unwrap();
     drop(large);
-    tokio::task::spawn_blocking({
-        let gate = gate.clone();
-        move || gate.wait_for_a_free()
-    })
-    .await
-    .unwrap();
+    gate.clone().a_free_began().await;
 
     // The ring ends at once (it has no clients left); join returns only after the free.
     server.stop();
@@ -263,7 +209,38 @@ async fn join_waits_for_the_frees_of_closed_clients() {
     opener.join().unwrap();
 }
 
+/// A server on a [`GatedFrees`] backend.
+fn start() -> (Server, Arc<GatedFrees>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let backend = Arc::new(GatedFrees {
+        inner: MemoryBackend::new(1, 1 << 30),
+        gate: gate.clone(),
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = Server::start(
+        listener,
+        backend.clone(),
+        ServerConfig::new(ProtocolVersion::V8_0_0),
+    )
+    .unwrap();
+    (server, backend, gate)
+}
+
+async fn stop(server: Server) {
+    server.stop();
+    tokio::task::spawn_blocking(move || server.join())
+        .await
+        .unwrap();
+}
+
 impl Gate {
+    /// Returns once a free waits at the gate.
+    async fn a_free_began(self: Arc<Self>) {
+        tokio::task::spawn_blocking(move || self.wait_for_a_free())
+            .await
+            .unwrap();
+    }
+
     /// The threads that freed buffers, once at least `count` frees have finished.
     async fn freed_on_eventually(&self, count: usize) -> Vec<Option<String>> {
         for _ in 0..2000 {
