@@ -366,6 +366,11 @@ async fn send_reply(
 }
 
 /// Receives the next part of the streamed write straight into backend memory.
+///
+/// Unlike [`send_direct`], this waits for readiness before each `recv`: one `recv` takes all
+/// that is queued, so trying again at once mostly finds the socket empty, and a 256 MiB
+/// SET_TENSOR ran 10 % slower that way (ten interleaved rounds each: 0.95x against 1.05x the
+/// tokio shell).
 async fn receive_direct(
     stream: &Async<TcpStream>,
     core: &mut Core,
@@ -386,13 +391,17 @@ async fn receive_direct(
 
 /// Sends the rest of a streamed reply (its head already written) straight from backend
 /// memory; `Declined` if the backend cannot lend its memory (nothing was sent then).
+///
+/// Each piece is tried first and the reactor asked only once the socket is full: async-io's
+/// `writable()` keeps no readiness between calls (unlike tokio's), so awaiting it before every
+/// 512 KiB piece cost a trip through the reactor each and held a 256 MiB GET_TENSOR to half the
+/// tokio shell's rate (2.7 against 6.3 GB/s; tried first: 1.00x, ten interleaved rounds).
 async fn send_direct(
     stream: &Async<TcpStream>,
     core: &mut Core,
     reply: &mut TensorReadStream,
 ) -> Result<Direct, ConnectionError> {
     while reply.remaining() > 0 {
-        stream.writable().await?;
         let mut outcome = None;
         let lent = core
             .dispatcher
@@ -402,8 +411,10 @@ async fn send_direct(
                     &mut outcome,
                 )
             })?;
-        if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
-            return Ok(Direct::Declined);
+        match direct::sent(lent, outcome)? {
+            Some(Direct::Declined) => return Ok(Direct::Declined),
+            Some(_) => {}
+            None => stream.writable().await?,
         }
     }
     Ok(Direct::Moved)

@@ -16,6 +16,9 @@
 //! * small-command round trips per second (GET_ALIGNMENT, one client);
 //! * 16 concurrent clients each doing a 64 MiB SET then GET (aggregate GB/s of both directions);
 //! * 16 concurrent clients' small-command rate (aggregate round trips per second);
+//! * the server's CPU time (user + system, all threads) per GB moved, over the 256 MiB
+//!   transfers and over the 16-client ones: what a shell costs beyond the throughput the
+//!   kernel's loopback path allows;
 //! * the server's peak RSS (VmHWM of a fresh process) while it receives a 1 GiB SET_TENSOR.
 //!
 //! The reference serves one client at a time, so its "16 clients" figures are its serial rate.
@@ -24,7 +27,8 @@
 //! 5: one takes 50-80 ms, and single runs of one server spread 2-5.7 GB/s with the machine's
 //! load; the 16-client transfer takes the best of as many), `BENCH_ROUNDS` (rounds over all the
 //! servers, interleaved, every other round in reverse order, default 1; the table gives
-//! medians and ranges), `BENCH_LOAD_THREADS` (generator
+//! medians and ranges, and from 10 rounds on a 95 % bootstrap confidence interval of each
+//! median ratio), `BENCH_LOAD_THREADS` (generator
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
 
@@ -55,6 +59,10 @@ struct Row {
     get_gbps: f64,
     rtt_per_s: f64,
     multi_gbps: f64,
+    /// Server CPU milliseconds per GB moved by the 256 MiB SETs and GETs.
+    big_cpu_ms_per_gb: f64,
+    /// Server CPU milliseconds per GB moved by the 16-client transfers.
+    multi_cpu_ms_per_gb: f64,
     multi_rtt_per_s: f64,
     multi_rtt_cpu_us: f64,
     peak_rss_mib: f64,
@@ -163,11 +171,17 @@ async fn measure(
         // A failed measurement is reported and left at 0; the others go on.
         let report = |what: &str, error: BoxError| eprintln!("  {what} failed: {error}");
         if wanted("big") {
+            let cpu = server.cpu_seconds()?;
             match big_transfer(addr, big, repeat).await {
                 Ok((set, get)) => {
                     row.set_gbps = set;
                     row.get_gbps = get;
-                    eprintln!("  256 MiB SET {set:.2} GB/s, GET {get:.2} GB/s");
+                    let moved = 2 * repeat.max(1) * big.len();
+                    row.big_cpu_ms_per_gb = cpu_ms_per_gb(server.cpu_seconds()? - cpu, moved);
+                    eprintln!(
+                        "  256 MiB SET {set:.2} GB/s, GET {get:.2} GB/s, server CPU {:.0} ms/GB",
+                        row.big_cpu_ms_per_gb
+                    );
                 }
                 Err(error) => report("256 MiB SET/GET", error),
             }
@@ -182,13 +196,24 @@ async fn measure(
             }
         }
         if wanted("multi") {
+            let cpu = server.cpu_seconds()?;
+            let mut moved = 0;
             for _ in 0..repeat.max(1) {
                 match many_transfers(addr, per_client, clients).await {
-                    Ok(rate) => row.multi_gbps = row.multi_gbps.max(rate),
+                    Ok(rate) => {
+                        row.multi_gbps = row.multi_gbps.max(rate);
+                        moved += 2 * CLIENTS * per_client.len();
+                    }
                     Err(error) => report("16 x 64 MiB SET+GET", error),
                 }
             }
-            eprintln!("  16 x 64 MiB SET+GET: {:.2} GB/s", row.multi_gbps);
+            if moved > 0 {
+                row.multi_cpu_ms_per_gb = cpu_ms_per_gb(server.cpu_seconds()? - cpu, moved);
+            }
+            eprintln!(
+                "  16 x 64 MiB SET+GET: {:.2} GB/s, server CPU {:.0} ms/GB",
+                row.multi_gbps, row.multi_cpu_ms_per_gb
+            );
         }
         if wanted("multirtt") {
             let cpu = server.cpu_seconds()?;
@@ -361,6 +386,11 @@ async fn tensor_in(client: &mut Client, len: usize) -> Result<RpcTensor, BoxErro
     Ok(tensor)
 }
 
+/// CPU milliseconds per GB (10^9 bytes) moved.
+fn cpu_ms_per_gb(cpu_seconds: f64, bytes: usize) -> f64 {
+    cpu_seconds * 1e3 / (bytes as f64 / 1e9)
+}
+
 fn gbps(bytes: usize, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / 1e9
 }
@@ -481,11 +511,21 @@ fn print_table(rounds: &[Vec<Row>]) {
             .unwrap_or(0.0)
     };
     type Metric = (&'static str, fn(&Row) -> f64, &'static str);
-    let metrics: [Metric; 7] = [
+    let metrics: [Metric; 9] = [
         ("SET 256 MiB", |r| r.set_gbps, "GB/s"),
         ("GET 256 MiB", |r| r.get_gbps, "GB/s"),
+        (
+            "server CPU per GB, 256 MiB SET+GET",
+            |r| r.big_cpu_ms_per_gb,
+            "ms/GB",
+        ),
         ("GET_ALIGNMENT, 1 client", |r| r.rtt_per_s, "/s"),
         ("16 clients x 64 MiB SET+GET", |r| r.multi_gbps, "GB/s"),
+        (
+            "server CPU per GB, 16 clients x 64 MiB",
+            |r| r.multi_cpu_ms_per_gb,
+            "ms/GB",
+        ),
         ("GET_ALIGNMENT, 16 clients", |r| r.multi_rtt_per_s, "/s"),
         (
             "server CPU per command, 16 clients",
@@ -502,7 +542,15 @@ fn print_table(rounds: &[Vec<Row>]) {
         }
     };
     println!();
-    println!("{} round(s); median (min-max)", rounds.len());
+    println!(
+        "{} round(s); median (min-max){}",
+        rounds.len(),
+        if rounds.len() >= BOOTSTRAP_MIN_ROUNDS {
+            "; ratios also with the 95 % bootstrap confidence interval of their median"
+        } else {
+            ""
+        }
+    );
     println!();
     println!("| metric | server | value | vs reference | vs tokio |");
     println!("|---|---|---|---|---|");
@@ -521,6 +569,12 @@ fn print_table(rounds: &[Vec<Row>]) {
                     .map(|(v, b)| v / b)
                     .collect();
                 match spread(&ratios) {
+                    Some((median, min, max))
+                        if ratios.len() >= BOOTSTRAP_MIN_ROUNDS && min < max =>
+                    {
+                        let (low, high) = median_interval(&ratios);
+                        format!("{median:.2}x ({min:.2}-{max:.2}; CI {low:.2}-{high:.2})")
+                    }
                     Some((median, min, max)) if ratios.len() > 1 => {
                         format!("{median:.2}x ({min:.2}-{max:.2})")
                     }
@@ -552,11 +606,46 @@ fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let (&min, &max) = (sorted.first()?, sorted.last()?);
+    Some((median_of_sorted(&sorted), min, max))
+}
+
+fn median_of_sorted(sorted: &[f64]) -> f64 {
     let middle = sorted.len() / 2;
-    let median = if sorted.len() % 2 == 1 {
+    if sorted.len() % 2 == 1 {
         sorted[middle]
     } else {
         (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+/// Rounds from which the ratios get a confidence interval: with fewer, the interval of a median
+/// is about the range of the rounds.
+const BOOTSTRAP_MIN_ROUNDS: usize = 10;
+/// Resamples of the bootstrap.
+const BOOTSTRAP_RESAMPLES: usize = 4000;
+
+/// The 95 % percentile-bootstrap confidence interval of the median of `values` (not empty):
+/// the 2.5th and 97.5th percentiles of the medians of resamples drawn with replacement, from a
+/// fixed seed so one set of rounds always gives one interval.
+fn median_interval(values: &[f64]) -> (f64, f64) {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        // xorshift64*: plenty for drawing indices.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
     };
-    Some((median, min, max))
+    let mut medians = Vec::with_capacity(BOOTSTRAP_RESAMPLES);
+    let mut resample = vec![0.0; values.len()];
+    for _ in 0..BOOTSTRAP_RESAMPLES {
+        for slot in &mut resample {
+            *slot = values[(next() % values.len() as u64) as usize];
+        }
+        resample.sort_by(f64::total_cmp);
+        medians.push(median_of_sorted(&resample));
+    }
+    medians.sort_by(f64::total_cmp);
+    let at = |quantile: f64| medians[((medians.len() - 1) as f64 * quantile).round() as usize];
+    (at(0.025), at(0.975))
 }
