@@ -9,7 +9,11 @@
 //! * [`graph`]: GRAPH_COMPUTE payloads decoded into an owned, validated graph.
 //! * [`backend`] and [`dispatch`]: the device trait and the one command implementation that
 //!   turns requests into backend calls.
+//! * [`driver`]: [`driver::Connection`], the one connection driver every shell runs: input
+//!   in, the next [`driver::Action`] out.
 //! * [`comm`]: the server-to-server link (handshake, bootstrap exchange, pairwise all-reduce).
+//! * `testing` (feature `testing`): `Pair`, our client and a server connection joined in
+//!   memory, for tests and fuzz targets.
 //! * [`tensor_cache`]: the FNV-1a keys of the SET_TENSOR_HASH cache.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -17,11 +21,14 @@
 pub mod backend;
 pub mod comm;
 pub mod dispatch;
+pub mod driver;
 pub mod error;
 pub mod ggml;
 pub mod graph;
 pub mod session;
 pub mod tensor_cache;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wire;
 
 pub use error::{Error, ErrorKind, Result};

@@ -1,245 +1,21 @@
-//! Our client session and our server session (with the dispatcher over the in-memory backend)
-//! driven against each other in memory, in the style of quinn-proto's `Pair`: no sockets, every
-//! byte stream cut at random points.
+//! Our client session and our server connection (the driver every shell runs, over the
+//! in-memory backend) driven against each other in memory with `proto_core::testing::Pair`:
+//! no sockets, every byte stream cut at random points.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use proto_core::backend::MemoryBackend;
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::dispatch::DispatcherConfig;
+use proto_core::driver::{Action, Place, Receive};
 use proto_core::ggml::types::id;
-use proto_core::session::{
-    ClientEvent, ClientSession, GraphSubmission, ServerEvent, ServerSession, ServerSessionConfig,
-};
+use proto_core::session::{ClientEvent, GraphSubmission};
 use proto_core::tensor_cache::{fnv1a64, MemoryTensorCache};
+use proto_core::testing::Pair;
 use proto_core::wire::{
     GraphComputeRequest, ProtocolVersion, Request, Response, RpcTensor, SetTensorHeader,
     Tensor2dHeader,
 };
 use proto_core::{Error, ErrorKind};
-
-/// A tiny deterministic PRNG so splits are random but reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-struct Pair {
-    client: ClientSession,
-    server: ServerSession,
-    dispatcher: Dispatcher<MemoryBackend>,
-    backend: Arc<MemoryBackend>,
-    rng: Rng,
-    /// Largest TensorData chunk the server produced.
-    largest_chunk: usize,
-    server_error: Option<Error>,
-    /// Whether the server side moves tensor data the way a shell with direct socket access
-    /// does: SET data received straight into backend memory
-    /// (`Dispatcher::receive_in_place`) and large replies sent straight from it
-    /// (`Dispatcher::send_in_place`). Client bytes then wait in `wire` until the server
-    /// "reads" them.
-    in_place: bool,
-    wire: std::collections::VecDeque<u8>,
-    /// Bytes of SET data placed in memory directly / reply bytes sent directly.
-    received_in_place: usize,
-    sent_in_place: usize,
-}
-
-impl Pair {
-    fn new(client_version: ProtocolVersion, server_version: ProtocolVersion, seed: u64) -> Pair {
-        Pair::with_config(client_version, DispatcherConfig::new(server_version), seed)
-    }
-
-    fn with_config(client_version: ProtocolVersion, config: DispatcherConfig, seed: u64) -> Pair {
-        let backend = Arc::new(MemoryBackend::new(2, 1 << 30));
-        let dialect = config.version.dialect().unwrap();
-        Pair {
-            client: ClientSession::new(client_version, [0; 24]).unwrap(),
-            server: ServerSession::new(ServerSessionConfig::new(dialect)),
-            dispatcher: Dispatcher::new(backend.clone(), config).unwrap(),
-            backend,
-            rng: Rng(seed | 1),
-            largest_chunk: 0,
-            server_error: None,
-            in_place: false,
-            wire: Default::default(),
-            received_in_place: 0,
-            sent_in_place: 0,
-        }
-    }
-
-    fn in_place(mut self) -> Pair {
-        self.in_place = true;
-        self
-    }
-
-    /// Moves bytes both ways, cut at random points, until nothing moves. Returns the client's
-    /// events; a server error is kept in `server_error` (the server would close).
-    fn drive(&mut self) -> Result<Vec<ClientEvent>, Error> {
-        let mut events = Vec::new();
-        loop {
-            let mut moved = false;
-            while let Some(bytes) = self.client.poll_transmit() {
-                moved = true;
-                self.feed_server(bytes);
-            }
-            if self.server_error.is_none() {
-                if let Err(error) = self.run_server() {
-                    self.server_error = Some(error);
-                }
-            }
-            while let Some(bytes) = self.server.poll_transmit() {
-                moved = true;
-                let mut rest = bytes;
-                while !rest.is_empty() {
-                    let cut = 1 + self.rng.below(rest.len());
-                    self.client.handle_input(rest.split_to(cut));
-                }
-            }
-            while let Some(event) = self.client.poll_event()? {
-                events.push(event);
-            }
-            if !moved {
-                return Ok(events);
-            }
-        }
-    }
-
-    fn feed_server(&mut self, mut bytes: Bytes) {
-        if self.in_place {
-            self.wire.extend(&bytes[..]);
-            return;
-        }
-        while !bytes.is_empty() {
-            let cut = 1 + self.rng.below(bytes.len().min(1 << 20));
-            self.server.handle_input(bytes.split_to(cut));
-        }
-    }
-
-    fn run_server(&mut self) -> Result<(), Error> {
-        loop {
-            while let Some(event) = self.server.poll_event()? {
-                if let ServerEvent::TensorData(chunk) = &event {
-                    self.largest_chunk = self.largest_chunk.max(chunk.len());
-                }
-                match self.dispatcher.handle(event)? {
-                    Outcome::Done | Outcome::CommFree { .. } => {}
-                    Outcome::Respond(response) => self.server.send_response(&response)?,
-                    Outcome::RespondStream(stream) if self.in_place => {
-                        self.send_reply_in_place(stream)?
-                    }
-                    Outcome::RespondStream(stream) => {
-                        self.dispatcher.stream_reply(stream, &mut self.server)?
-                    }
-                    other => panic!("unexpected outcome {other:?}"),
-                }
-            }
-            if self.wire.is_empty() {
-                return Ok(());
-            }
-            // A shell "reads" a random amount: into the destination when the session allows,
-            // else into a buffer handed to the session.
-            let want = 1 + self.rng.below(self.wire.len().min(3 << 20));
-            let wire = &mut self.wire;
-            let placed = self
-                .dispatcher
-                .receive_in_place(&mut self.server, &mut |dst| {
-                    let n = want.min(dst.len());
-                    for (d, s) in dst[..n].iter_mut().zip(wire.drain(..n)) {
-                        *d = s;
-                    }
-                    n
-                })?;
-            match placed {
-                Some(n) => self.received_in_place += n,
-                None => {
-                    let chunk: Vec<u8> = self.wire.drain(..want).collect();
-                    self.server.handle_input(chunk.into());
-                }
-            }
-        }
-    }
-
-    /// A large reply the way a shell with direct socket access sends it: the head through the
-    /// session's transmits, the data straight from backend memory in random-sized sends.
-    fn send_reply_in_place(
-        &mut self,
-        mut stream: proto_core::dispatch::TensorReadStream,
-    ) -> Result<(), Error> {
-        self.server
-            .begin_response_stream(stream.command(), stream.len())?;
-        while let Some(bytes) = self.server.poll_transmit() {
-            self.client.handle_input(bytes);
-        }
-        while stream.remaining() > 0 {
-            let want = 1 + self.rng.below(5 << 20);
-            let mut sent = Vec::new();
-            let n = self
-                .dispatcher
-                .send_in_place(&mut stream, &mut self.server, &mut |src| {
-                    let n = want.min(src.len());
-                    sent.extend_from_slice(&src[..n]);
-                    n
-                })?
-                .expect("the memory backend lends its memory");
-            assert_eq!(n, sent.len());
-            self.sent_in_place += n;
-            self.client.handle_input(sent.into());
-        }
-        Ok(())
-    }
-
-    fn connect(&mut self) -> ClientEvent {
-        let events = self.drive().unwrap();
-        assert_eq!(events.len(), 1);
-        events.into_iter().next().unwrap()
-    }
-
-    fn call(&mut self, request: Request) -> Response {
-        self.client.send(&request).unwrap();
-        let events = self.drive().unwrap();
-        match events.as_slice() {
-            [ClientEvent::Response(response)] => response.clone(),
-            other => panic!(
-                "expected one response, got {other:?} (server: {:?})",
-                self.server_error
-            ),
-        }
-    }
-
-    fn cast(&mut self, request: Request) {
-        self.client.send(&request).unwrap();
-        assert!(self.drive().unwrap().is_empty());
-    }
-
-    /// Allocates a buffer and returns (handle, base).
-    fn alloc(&mut self, size: u64) -> (u64, u64) {
-        let Response::AllocBuffer {
-            remote_ptr,
-            remote_size,
-        } = self.call(Request::AllocBuffer { device: 0, size })
-        else {
-            panic!("bad alloc response");
-        };
-        assert_ne!(remote_ptr, 0);
-        assert_eq!(remote_size, size);
-        let Response::BufferBase(base) = self.call(Request::BufferGetBase { buffer: remote_ptr })
-        else {
-            panic!("bad base response");
-        };
-        (remote_ptr, base)
-    }
-}
 
 fn tensor_at(id: u64, buffer: u64, data: u64, ne: [u32; 4]) -> RpcTensor {
     let mut tensor = RpcTensor::contiguous(id, id::F32, ne).unwrap();
@@ -340,7 +116,7 @@ fn set_and_get_round_trip_in_bounded_chunks() {
             }),
             data: data.clone(),
         });
-        assert!(pair.largest_chunk <= 16 << 20);
+        assert!(pair.backend.largest_write() <= 16 << 20);
         if in_place {
             // most of the data went straight to memory; what arrived with the header did not
             assert!(
@@ -350,7 +126,7 @@ fn set_and_get_round_trip_in_bounded_chunks() {
             );
             assert!(pair.received_in_place <= len);
         } else {
-            assert!(pair.largest_chunk > 0);
+            assert!(pair.backend.largest_write() > 0);
         }
         let response = pair.call(Request::GetTensor {
             tensor: Box::new(tensor.clone()),
@@ -679,18 +455,16 @@ fn in_place_2d_rows_land_in_their_rows() {
 
 #[test]
 fn in_place_misuse_is_an_error_not_a_corruption() {
-    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 60);
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 60).in_place();
     pair.connect();
-    // nothing streams: no capacity, and the dispatcher declines
-    assert_eq!(pair.server.in_place_capacity(), 0);
-    assert!(pair.server.data_received_in_place(1).is_err());
+    // nothing streams: the connection declines to lend anything
     assert_eq!(
-        pair.dispatcher
-            .receive_in_place(&mut pair.server, &mut |_| unreachable!())
+        pair.server
+            .receive_in_place(&mut |_| unreachable!("nothing to lend"))
             .unwrap(),
         None
     );
-    assert!(pair.server.response_data_sent_in_place(1).is_err());
+    assert_eq!(pair.server.send_in_place(&mut |_| unreachable!()).unwrap(), Some(0));
 
     // a SET_TENSOR header without its data: the write streams, nothing buffered
     let (buffer, base) = pair.alloc(4096);
@@ -707,37 +481,62 @@ fn in_place_misuse_is_an_error_not_a_corruption() {
     .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
     .unwrap();
     pair.server.handle_input(head.freeze());
-    let event = pair.server.poll_event().unwrap().unwrap();
     assert!(matches!(
-        event,
-        ServerEvent::TensorWriteBegin { data_len: 4096, .. }
+        pair.server.poll(Place::EventLoop).unwrap(),
+        Action::Receive(Receive::Stream {
+            remaining: 4096,
+            in_place: true
+        })
     ));
-    pair.dispatcher.handle(event).unwrap();
-    assert_eq!(pair.server.in_place_capacity(), 4096);
     // a receive that claims more than it was lent is refused
-    let error = pair
-        .dispatcher
-        .receive_in_place(&mut pair.server, &mut |dst| dst.len() + 1)
-        .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Backend);
-    // the session refuses more than the capacity
-    assert!(pair.server.data_received_in_place(4097).is_err());
-    // partial receives add up, then the write ends
-    for _ in 0..4 {
+    let claims_more = pair.server.receive_in_place(&mut |dst| dst.len() + 1);
+    assert_eq!(claims_more.unwrap_err().kind(), ErrorKind::Backend);
+}
+
+#[test]
+fn in_place_receives_add_up_and_end_the_write() {
+    let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 61).in_place();
+    pair.connect();
+    let (buffer, base) = pair.alloc(4096);
+    let tensor = tensor_at(1, buffer, base, [1024, 1, 1, 1]);
+    let mut head = bytes::BytesMut::new();
+    Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor: tensor.clone(),
+            cache_flag: 0,
+            offset: 0,
+        }),
+        data: Bytes::from(vec![0u8; 4096]),
+    }
+    .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
+    .unwrap();
+    pair.server.handle_input(head.freeze());
+    for part in 0..4u8 {
+        assert!(matches!(
+            pair.server.poll(Place::EventLoop).unwrap(),
+            Action::Receive(Receive::Stream { in_place: true, .. })
+        ));
         let n = pair
-            .dispatcher
-            .receive_in_place(&mut pair.server, &mut |dst| {
-                dst[..1024].fill(9);
+            .server
+            .receive_in_place(&mut |dst| {
+                dst[..1024].fill(part);
                 1024
             })
             .unwrap();
         assert_eq!(n, Some(1024));
     }
-    assert_eq!(pair.server.in_place_capacity(), 0);
-    let end = pair.server.poll_event().unwrap().unwrap();
-    assert_eq!(end, ServerEvent::TensorWriteEnd);
+    // all data arrived: the write ends and the connection waits for the next message
     assert!(matches!(
-        pair.dispatcher.handle(end).unwrap(),
-        Outcome::Done
+        pair.server.poll(Place::EventLoop).unwrap(),
+        Action::Receive(Receive::Idle)
     ));
+    let Response::TensorData(data) = pair.call(Request::GetTensor {
+        tensor: Box::new(tensor),
+        offset: 0,
+        size: 4096,
+    }) else {
+        panic!()
+    };
+    let expected: Vec<u8> = (0..4u8).flat_map(|part| [part; 1024]).collect();
+    assert_eq!(&data[..], &expected[..]);
 }

@@ -21,6 +21,7 @@ struct State {
     next_id: u64,
     buffers: HashMap<BufferId, (u32, Vec<u8>)>,
     graphs_run: u64,
+    largest_write: usize,
 }
 
 impl MemoryBackend {
@@ -53,6 +54,11 @@ impl MemoryBackend {
             .values()
             .map(|(_, b)| b.len() as u64)
             .sum()
+    }
+
+    /// The most bytes one [`Backend::write`] call carried (a streamed write's largest chunk).
+    pub fn largest_write(&self) -> usize {
+        self.state().largest_write
     }
 
     /// Number of graphs run so far.
@@ -138,6 +144,10 @@ impl Backend for MemoryBackend {
     }
 
     fn write(&self, at: TensorLocation, data: &[u8]) -> Result<()> {
+        {
+            let mut state = self.state();
+            state.largest_write = state.largest_write.max(data.len());
+        }
         self.with_region(at, data.len() as u64, |region| region.copy_from_slice(data))
     }
 

@@ -1,9 +1,9 @@
 //! The one command implementation every shell shares: validated requests → backend calls.
 //!
 //! A [`Dispatcher`] holds one connection's state (its buffers, stored graphs, communicators,
-//! the streamed write in progress). The shell feeds it [`ServerEvent`]s from the
-//! [`crate::session::ServerSession`] and sends back whatever [`Outcome::Respond`] carries.
-//! Dropping the dispatcher frees everything the client held.
+//! the streamed write in progress). [`crate::driver::Connection`] feeds it [`ServerEvent`]s
+//! from the [`crate::session::ServerSession`] and acts on each [`Outcome`]. Dropping the
+//! dispatcher frees everything the client held.
 
 pub mod buffers;
 pub mod graph_cache;
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use crate::backend::{Backend, TensorLocation};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphLimits};
-use crate::session::{ServerEvent, ServerSession, TensorWrite};
+use crate::session::{ServerEvent, TensorWrite};
 use crate::tensor_cache::{CacheWriter, Fnv1a64, TensorCache};
 use crate::wire::{
     CommInitRequest, Command, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
@@ -100,9 +100,8 @@ pub const MAX_REPLY_CHUNK: u64 = 16 * 1024 * 1024;
 
 /// A GET_TENSOR / GET_TENSOR_2D reply read from the backend piece by piece.
 ///
-/// The shell calls [`ServerSession::begin_response_stream`] with [`command`](Self::command) and
-/// [`len`](Self::len), then alternates [`Dispatcher::read_chunk`] and
-/// [`ServerSession::send_response_data`], writing the transmits out between pieces.
+/// [`crate::driver::Connection`] sends it: straight from backend memory
+/// ([`next_region`](Self::next_region)), or piece by piece through [`Dispatcher::read_chunk`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorReadStream {
     command: Command,
@@ -130,6 +129,17 @@ impl TensorReadStream {
     /// Data bytes not read yet.
     pub fn remaining(&self) -> u64 {
         self.len - self.produced
+    }
+
+    /// Where the next bytes come from, and how many (at most `max`, never past the reply)
+    /// continue contiguously from there.
+    pub fn next_region(&self, max: u64) -> (TensorLocation, u64) {
+        self.target.locate(self.produced, max.min(self.remaining()))
+    }
+
+    /// Records `n` bytes of the reply sent from [`next_region`](Self::next_region).
+    pub fn advance(&mut self, n: u64) {
+        self.produced = (self.produced + n).min(self.len);
     }
 }
 
@@ -499,91 +509,25 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         Ok(Some(data.into()))
     }
 
-    /// Sends the next part of a streamed reply straight from backend memory: `drain` (a
-    /// non-blocking send) is lent the next contiguous region, at most [`MAX_REPLY_CHUNK`]
-    /// bytes, and returns how many bytes it sent; the session is told
-    /// ([`ServerSession::response_data_sent_in_place`]). Call after
-    /// [`ServerSession::begin_response_stream`] once the session's transmits are written out.
-    ///
-    /// `Ok(Some(n))`: `n` bytes sent (0 when the peer could take none now); `Ok(None)`: the
-    /// backend's memory is not host-addressable, so the shell uses [`read_chunk`](Self::read_chunk).
-    pub fn send_in_place(
-        &self,
-        stream: &mut TensorReadStream,
-        session: &mut ServerSession,
-        drain: &mut dyn FnMut(&[u8]) -> usize,
-    ) -> Result<Option<usize>> {
-        let remaining = stream.remaining();
-        if remaining == 0 {
-            return Ok(Some(0));
-        }
-        let (at, take) = stream
-            .target
-            .locate(stream.produced, remaining.min(MAX_REPLY_CHUNK));
-        let take = to_usize(take)?;
-        let Some(sent) = self.backend.read_in_place(at, take, drain)? else {
-            return Ok(None);
-        };
-        if sent > take {
-            return Err(Error::Backend(
-                "in-place send reported more bytes than it was lent".into(),
-            ));
-        }
-        session.response_data_sent_in_place(sent as u64)?;
-        stream.produced += sent as u64;
-        Ok(Some(sent))
-    }
-
-    /// Receives the next part of the streamed SET_TENSOR / SET_TENSOR_2D data straight into
-    /// backend memory: `fill` (a non-blocking receive) is lent the next contiguous destination
-    /// region, at most [`ServerSession::in_place_capacity`] bytes, and returns how many bytes
-    /// it received; the session is told ([`ServerSession::data_received_in_place`]), and its
-    /// next event ends the write once all data arrived. Data never passes through a buffer
-    /// of the shell's.
-    ///
-    /// `Ok(Some(n))`: `n` bytes placed (0 when none were available). `Ok(None)`: not possible
-    /// now — the session holds buffered data of the write (feed it events first), no write is
-    /// in progress, the write also goes to the tensor cache, or the backend's memory is not
-    /// host-addressable — so the shell reads into a buffer and calls
-    /// [`ServerSession::handle_input`] as usual.
-    pub fn receive_in_place(
-        &mut self,
-        session: &mut ServerSession,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> Result<Option<usize>> {
-        let capacity = session.in_place_capacity();
-        let Some(stream) = self.stream.as_mut() else {
-            return Ok(None);
-        };
+    /// Where the next bytes of the streamed SET_TENSOR / SET_TENSOR_2D data go when received
+    /// straight into backend memory: the location and how many bytes (at most `capacity`)
+    /// continue contiguously from there. `None` when no write is in progress or it also goes
+    /// to the tensor cache (which must see every byte).
+    pub fn in_place_target(&self, capacity: u64) -> Option<(TensorLocation, u64)> {
+        let stream = self.stream.as_ref()?;
         if capacity == 0 || stream.cache.is_some() {
-            return Ok(None);
+            return None;
         }
-        let (at, take) = stream.target.locate(stream.written, capacity);
-        let take = to_usize(take)?;
-        let Some(received) = self.backend.write_in_place(at, take, fill)? else {
-            return Ok(None);
-        };
-        if received > take {
-            return Err(Error::Backend(
-                "in-place receive reported more bytes than it was lent".into(),
-            ));
-        }
-        stream.written += received as u64;
-        session.data_received_in_place(received as u64)?;
-        Ok(Some(received))
+        Some(stream.target.locate(stream.written, capacity))
     }
 
-    /// Sends a streamed reply into the session in one go, for callers that need not write
-    /// between pieces (tests, fuzzing). Shells write out each piece before reading the next.
-    pub fn stream_reply(
-        &self,
-        mut stream: TensorReadStream,
-        session: &mut ServerSession,
-    ) -> Result<()> {
-        session.begin_response_stream(stream.command(), stream.len())?;
-        while let Some(chunk) = self.read_chunk(&mut stream)? {
-            session.send_response_data(chunk)?;
-        }
+    /// Records `n` bytes of the streamed write placed at [`in_place_target`](Self::in_place_target).
+    pub fn received_in_place(&mut self, n: u64) -> Result<()> {
+        let stream = self
+            .stream
+            .as_mut()
+            .ok_or(Error::InvalidState("data without a write"))?;
+        stream.written += n;
         Ok(())
     }
 

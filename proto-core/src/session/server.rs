@@ -130,7 +130,7 @@ impl ServerSession {
 
     /// How many bytes of the streamed write in progress a shell may place straight into their
     /// destination now, bypassing [`handle_input`](Self::handle_input) (see
-    /// `Dispatcher::receive_in_place`): up to one chunk while nothing of the write is buffered
+    /// `driver::Connection::receive_in_place`): up to one chunk while nothing of the write is buffered
     /// here, else 0. The shell must have handed every event polled so far to the dispatcher.
     pub fn in_place_capacity(&self) -> u64 {
         match self.state {
@@ -342,7 +342,7 @@ impl ServerSession {
     }
 
     /// Records that `n` bytes of the streamed reply in progress were written to the peer
-    /// directly from their source (`Dispatcher::send_in_place`) instead of through
+    /// directly from their source (`driver::Connection::send_in_place`) instead of through
     /// [`send_response_data`](Self::send_response_data). Only while nothing is queued for
     /// transmission: the reply's head and earlier pieces must be on the wire first.
     pub fn response_data_sent_in_place(&mut self, n: u64) -> Result<()> {
@@ -397,6 +397,11 @@ impl ServerSession {
         }
         self.pending = None;
         Ok(())
+    }
+
+    /// Whether bytes wait in [`poll_transmit`](Self::poll_transmit).
+    pub fn has_transmit(&self) -> bool {
+        !self.transmit.is_empty()
     }
 
     /// The next bytes to write to the peer, in order.

@@ -1,8 +1,8 @@
 //! Which work a shell runs off its event loop (a blocking thread, `block_in_place`).
 
-use proto_core::dispatch::BufferTable;
-use proto_core::session::ServerEvent;
-use proto_core::wire::Request;
+use crate::dispatch::BufferTable;
+use crate::session::ServerEvent;
+use crate::wire::Request;
 
 /// Transfers at least this large are heavy.
 pub const HEAVY_BYTES: u64 = 1 << 20;
@@ -51,7 +51,7 @@ pub fn is_heavy_to_free(buffers: &BufferTable) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto_core::backend::BufferId;
+    use crate::backend::BufferId;
 
     #[test]
     fn freeing_a_large_buffer_or_client_is_heavy() {
