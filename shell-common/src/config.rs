@@ -4,7 +4,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use proto_core::backend::Backend;
 use proto_core::dispatch::DispatcherConfig;
+use proto_core::driver::Connection;
 use proto_core::graph::GraphLimits;
 use proto_core::session::ServerSessionConfig;
 use proto_core::tensor_cache::TensorCache;
@@ -110,6 +112,18 @@ pub struct ConnectionConfig {
     pub dispatcher: DispatcherConfig,
     /// Bound on setting up a comm link and on each all-reduce exchange.
     pub comm_timeout: Duration,
+}
+
+impl ConnectionConfig {
+    /// The driver of a new connection. `direct_io`: whether its stream can move tensor data
+    /// straight between the socket and backend memory (a TCP socket can).
+    pub fn connect(
+        &self,
+        backend: Arc<dyn Backend>,
+        direct_io: bool,
+    ) -> proto_core::Result<Connection> {
+        Connection::new(backend, &self.session, &self.dispatcher, direct_io)
+    }
 }
 
 #[cfg(test)]

@@ -4,23 +4,26 @@
 //!
 //! * [`config`]: [`ServerConfig`], its defaults, and [`ConnectionConfig`] (the session and
 //!   dispatcher settings of one connection).
-//! * [`heavy`]: [`is_heavy`] and [`is_heavy_to_free`], the shells' rule for work that must not
-//!   stall other clients.
+//! * [`comm_link`]: [`CommLinks`], the server-to-server link every shell runs (blocking
+//!   `std::net`, off the event loop).
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
 //! * [`direct`]: what a non-blocking socket call on lent backend memory came to (the
 //!   zero-copy tensor data path).
 //! * [`low_water`]: [`LowWater`], the receive low-water mark while a bulk payload streams in
 //!   (its one system call is the crate's only `unsafe`).
+//! * [`shell`]: what every shell's connection loop shares: [`shell::Closed`],
+//!   [`shell::ConnectionError`], read sizes, the connection log lines.
 //! * [`same_host`]: [`tune_for_peer`], no pacing congestion control for a peer on this host.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cache_dir;
+pub mod comm_link;
 pub mod config;
 pub mod direct;
-pub mod heavy;
 pub mod low_water;
 pub mod same_host;
+pub mod shell;
 
 pub use cache_dir::FsTensorCache;
 pub use config::{
@@ -28,6 +31,6 @@ pub use config::{
     DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
 };
 pub use direct::Direct;
-pub use heavy::{is_heavy, is_heavy_to_free, HEAVY_BYTES, HEAVY_FREE_BYTES};
+pub use comm_link::CommLinks;
 pub use low_water::LowWater;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};

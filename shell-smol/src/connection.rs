@@ -1,94 +1,44 @@
 //! One client connection: socket bytes → [`ServerSession`] → [`Dispatcher`] → socket bytes.
 //!
-//! The same driver as the tokio shell's, on async-io:
+//! The loop that runs [`Connection`]'s actions on async-io:
 //!
 //! * Reads: between messages into a 64 KiB scratch buffer, whose filled part is appended to the
 //!   input (small messages: at most one short copy). While a SET_TENSOR / SET_TENSOR_2D payload
 //!   streams in, the socket is read straight into the destination in backend memory
-//!   (`Dispatcher::receive_in_place`: a non-blocking `recv` into the lent region). Where that
+//!   (`Connection::receive_in_place`: a non-blocking `recv` into the lent region). Where that
 //!   is not possible (data buffered with the header, the tensor cache storing it too, a backend
 //!   without host memory), `min(stream_remaining(), 16 MiB)` bytes are read into a fresh buffer
 //!   of exactly that size, handed to the session whole: no second copy either way.
 //! * Writes: the session's transmit queue is written with vectored writes straight from its
 //!   `Bytes`; a large GET_TENSOR reply goes straight from backend memory
-//!   (`Dispatcher::send_in_place`), else one 16 MiB piece at a time.
+//!   (`Connection::send_in_place`), else one 16 MiB piece at a time.
 //! * Blocking backend calls (graph compute, large reads, writes, copies and fills, cache file
-//!   I/O) run on the `blocking` thread pool: the connection's `Core` (session and dispatcher,
-//!   one box) moves there for the call and comes back, so the executor threads keep serving
+//!   I/O, the comm link) run on the `blocking` thread pool: the connection's `Core` (driver and
+//!   comm links, one box) moves there for the call and comes back, so the executor threads keep serving
 //!   the other connections.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_io::{Async, Timer};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use proto_core::backend::{Backend, TensorLocation};
-use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
-use proto_core::session::ServerSession;
-use proto_core::wire::CommInitRequest;
+use proto_core::backend::Backend;
+use proto_core::driver::{Action, Connection, Place, Receive};
 
 use shell_common::direct::{self, record};
-use shell_common::{is_heavy, is_heavy_to_free, Direct};
+use shell_common::shell::{FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
+use shell_common::{CommLinks, Direct};
 
-use crate::comm_link::CommLink;
-
-/// Bytes read at once between messages.
-const READ_SIZE: usize = 64 * 1024;
-/// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
-/// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
-const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
-/// Most buffers passed to one vectored write.
-const MAX_IO_SLICES: usize = 64;
-/// How long a failing connection may take to flush the responses it already owed.
-const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
-
+pub use shell_common::shell::{Closed, ConnectionError};
 pub use shell_common::ConnectionConfig;
 
-/// Why a connection ended without an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closed {
-    /// The client closed its side between two messages.
-    ByClient,
-    /// The server is shutting down.
-    Shutdown,
-}
-
-/// Why a connection failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
-    /// The client broke the protocol or a command failed.
-    #[error(transparent)]
-    Protocol(#[from] proto_core::Error),
-    /// The socket failed.
-    #[error(transparent)]
-    Io(#[from] io::Error),
-}
-
-/// Work that needs more than the dispatcher.
-enum Deferred {
-    /// A large reply, written piece by piece.
-    Reply(TensorReadStream),
-    /// The comm link.
-    Comm(CommWork),
-}
-
-enum CommWork {
-    Init(Box<CommInitRequest>),
-    Allreduce {
-        device: u32,
-        at: TensorLocation,
-        elements: u64,
-    },
-}
-
-/// The connection's protocol state; moves to a blocking thread and back for heavy calls.
+/// The connection's protocol state and comm links; moves to a blocking thread and back for
+/// heavy work.
 struct Core {
-    session: ServerSession,
-    dispatcher: Dispatcher<dyn Backend>,
+    conn: Connection,
+    links: CommLinks,
 }
 
 /// Owns the [`Core`] between blocking calls.
@@ -98,10 +48,12 @@ struct Driver {
 }
 
 impl Driver {
-    fn core(&mut self) -> &mut Core {
-        self.core
+    fn conn(&mut self) -> &mut Connection {
+        &mut self
+            .core
             .as_mut()
             .expect("the core is only away during a blocking call, which is awaited")
+            .conn
     }
 
     /// Runs `f` on the blocking pool with the core, in the current span and log dispatcher.
@@ -125,11 +77,31 @@ impl Driver {
         result
     }
 
+    /// Polls the connection, running heavy work and comm work on the blocking pool, until it
+    /// needs the socket.
+    async fn next_action(&mut self) -> proto_core::Result<Action> {
+        let mut action = self.conn().poll(Place::EventLoop)?;
+        loop {
+            action = match action {
+                Action::Offload => {
+                    self.blocking(|core| core.conn.poll(Place::Blocking))
+                        .await?
+                }
+                Action::Comm(work) => {
+                    self.blocking(move |core| core.links.run(work, &mut core.conn))
+                        .await?;
+                    self.conn().poll(Place::EventLoop)?
+                }
+                other => return Ok(other),
+            };
+        }
+    }
+
     /// Frees everything the client holds: on the blocking pool when that is much, so the
     /// executor thread's other clients do not wait for it.
     async fn release(mut self) {
         if let Some(core) = self.core.take() {
-            if is_heavy_to_free(core.dispatcher.buffers()) {
+            if core.conn.heavy_to_free() {
                 blocking::unblock(move || drop(core)).await;
             }
         }
@@ -145,31 +117,12 @@ pub(crate) async fn run(
     stop: async_channel::Receiver<()>,
     on_closed: impl FnOnce(),
 ) {
-    if let Err(error) = stream.get_ref().set_nodelay(true) {
-        tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
-    }
-    shell_common::tune_or_log(stream.get_ref());
-    tracing::info!("Accepted client connection");
+    shell_common::shell::accepted(stream.get_ref());
     let mut stream = stream;
     let result = serve_connection(&mut stream, backend, &config, &stop).await;
     drop(stream);
     on_closed();
-    match result {
-        Ok(Closed::ByClient) => tracing::info!("Client connection closed"),
-        Ok(Closed::Shutdown) => {
-            tracing::info!("Client connection closed: server shutting down")
-        }
-        Err(ConnectionError::Protocol(error)) => tracing::warn!(
-            %error,
-            kind = %error.kind(),
-            "Client connection closed on error"
-        ),
-        Err(ConnectionError::Io(error)) => tracing::warn!(
-            %error,
-            kind = %error.kind(),
-            "Client connection closed on I/O error"
-        ),
-    }
+    shell_common::shell::log_end(&result);
 }
 
 /// Serves one client until it closes, fails, or `stop` is closed (the server shuts down).
@@ -183,12 +136,12 @@ pub async fn serve_connection(
 ) -> Result<Closed, ConnectionError> {
     let mut driver = Driver {
         core: Some(Box::new(Core {
-            session: ServerSession::new(config.session.clone()),
-            dispatcher: Dispatcher::new(backend, config.dispatcher.clone())?,
+            conn: config.connect(backend, true)?,
+            links: CommLinks::new(config.comm_timeout),
         })),
         dispatch: tracing::dispatcher::get_default(Clone::clone),
     };
-    let result = serve_client(stream, &mut driver, config, stop).await;
+    let result = serve_client(stream, &mut driver, stop).await;
     driver.release().await;
     result
 }
@@ -197,35 +150,18 @@ pub async fn serve_connection(
 async fn serve_client(
     stream: &mut Async<TcpStream>,
     driver: &mut Driver,
-    config: &ConnectionConfig,
     stop: &async_channel::Receiver<()>,
 ) -> Result<Closed, ConnectionError> {
     let mut scratch = vec![0u8; READ_SIZE];
-    let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
-        let processed = match process_events(driver, &mut links).await {
-            Ok(Some(Deferred::Reply(reply))) => {
-                flush(stream, &mut driver.core().session).await?;
-                send_reply(stream, driver, reply).await?;
-                continue;
-            }
-            Ok(Some(Deferred::Comm(work))) => {
-                // Flush first: the client may be waiting for earlier responses.
-                flush(stream, &mut driver.core().session).await?;
-                comm_work(work, driver, &mut links, config.comm_timeout)
-                    .await
-                    .map(|()| true)
-            }
-            Ok(None) => Ok(false),
-            Err(error) => Err(error),
-        };
-        match processed {
+        let action = match driver.next_action().await {
+            Ok(action) => action,
             Err(error) => {
                 // Responses owed to earlier requests of the same read still go out.
-                let session = &mut driver.core().session;
+                let conn = driver.conn();
                 let _ = futures_lite::future::or(
                     async {
-                        let _ = flush(stream, session).await;
+                        let _ = flush(stream, conn).await;
                     },
                     async {
                         Timer::after(FINAL_FLUSH_TIMEOUT).await;
@@ -234,135 +170,63 @@ async fn serve_client(
                 .await;
                 return Err(error.into());
             }
-            Ok(true) => continue,
-            Ok(false) => {}
-        }
-        let session = &mut driver.core().session;
-        flush(stream, session).await?;
-
-        let remaining = session.stream_remaining();
-        if remaining > 0 {
-            // Streamed tensor data: finished even during shutdown (the grace period bounds it).
-            if session.in_place_capacity() > 0 {
-                match receive_direct(stream, driver.core()).await? {
-                    Direct::Moved => continue,
-                    Direct::Eof => {
-                        driver.core().session.handle_eof()?;
-                        return Ok(Closed::ByClient);
+        };
+        let conn = driver.conn();
+        match action {
+            Action::Transmit => flush(stream, conn).await?,
+            Action::SendInPlace => send_direct(stream, conn).await?,
+            Action::Receive(Receive::Stream {
+                remaining,
+                in_place,
+            }) => {
+                // Streamed tensor data: finished even during shutdown (the grace period bounds it).
+                if in_place {
+                    match receive_direct(stream, conn).await? {
+                        Direct::Moved => continue,
+                        Direct::Eof => {
+                            conn.handle_eof()?;
+                            return Ok(Closed::ByClient);
+                        }
+                        Direct::Declined => {}
                     }
-                    Direct::Declined => {}
+                }
+                let want = shell_common::shell::stream_read_size(remaining);
+                let (chunk, eof) = read_chunk(stream, want).await?;
+                if !chunk.is_empty() {
+                    conn.handle_input(chunk);
+                }
+                if eof {
+                    conn.handle_eof()?;
+                    return Ok(Closed::ByClient);
                 }
             }
-            let session = &mut driver.core().session;
-            let want =
-                usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
-            let (chunk, eof) = read_chunk(stream, want).await?;
-            if !chunk.is_empty() {
-                session.handle_input(chunk);
-            }
-            if eof {
-                session.handle_eof()?;
-                return Ok(Closed::ByClient);
-            }
-            continue;
-        }
-
-        if stop.is_closed() {
-            return Ok(Closed::Shutdown);
-        }
-        let read =
-            futures_lite::future::or(async { Some(stream.read(&mut scratch).await) }, async {
-                // Closed (never sent to): the server is shutting down.
-                let _ = stop.recv().await;
-                None
-            })
-            .await;
-        let Some(read) = read else {
-            return Ok(Closed::Shutdown);
-        };
-        let read = read?;
-        if read == 0 {
-            session.handle_eof()?;
-            return Ok(Closed::ByClient);
-        }
-        session.handle_input(Bytes::copy_from_slice(&scratch[..read]));
-    }
-}
-
-/// Hands every complete event to the dispatcher and queues the responses, until one needs
-/// more than the dispatcher (returned) or more input is needed.
-async fn process_events(
-    driver: &mut Driver,
-    links: &mut HashMap<u32, CommLink>,
-) -> proto_core::Result<Option<Deferred>> {
-    while let Some(event) = driver.core().session.poll_event()? {
-        let outcome = if is_heavy(&event, driver.core().dispatcher.buffers()) {
-            driver
-                .blocking(move |core| core.dispatcher.handle(event))
-                .await?
-        } else {
-            driver.core().dispatcher.handle(event)?
-        };
-        let core = driver.core();
-        match outcome {
-            Outcome::Done => {}
-            Outcome::Respond(response) => core.session.send_response(&response)?,
-            Outcome::RespondStream(reply) => return Ok(Some(Deferred::Reply(reply))),
-            Outcome::CommFree { device } => {
-                if links.remove(&device).is_some() {
-                    tracing::info!(device, "comm link closed");
+            Action::Receive(Receive::Idle) => {
+                if stop.is_closed() {
+                    return Ok(Closed::Shutdown);
                 }
+                let read = futures_lite::future::or(
+                    async { Some(stream.read(&mut scratch).await) },
+                    async {
+                        // Closed (never sent to): the server is shutting down.
+                        let _ = stop.recv().await;
+                        None
+                    },
+                )
+                .await;
+                let Some(read) = read else {
+                    return Ok(Closed::Shutdown);
+                };
+                let read = read?;
+                if read == 0 {
+                    conn.handle_eof()?;
+                    return Ok(Closed::ByClient);
+                }
+                conn.handle_input(Bytes::copy_from_slice(&scratch[..read]));
             }
-            Outcome::CommInit(request) => return Ok(Some(Deferred::Comm(CommWork::Init(request)))),
-            Outcome::CommAllreduce {
-                device,
-                at,
-                elements,
-            } => {
-                return Ok(Some(Deferred::Comm(CommWork::Allreduce {
-                    device,
-                    at,
-                    elements,
-                })))
-            }
+            // `next_action` runs these.
+            Action::Offload | Action::Comm(_) => {}
         }
     }
-    Ok(None)
-}
-
-/// Writes a large GET_TENSOR reply one piece (at most 16 MiB) at a time.
-async fn send_reply(
-    stream: &mut Async<TcpStream>,
-    driver: &mut Driver,
-    reply: TensorReadStream,
-) -> Result<(), ConnectionError> {
-    driver
-        .core()
-        .session
-        .begin_response_stream(reply.command(), reply.len())?;
-    let mut reply = Box::new(reply);
-    // The head goes first, then the data straight from backend memory.
-    flush(stream, &mut driver.core().session).await?;
-    if let Direct::Moved = send_direct(stream, driver.core(), &mut reply).await? {
-        return Ok(());
-    }
-    loop {
-        let (back, piece) = driver
-            .blocking(move |core| {
-                let piece = core.dispatcher.read_chunk(&mut reply);
-                (reply, piece)
-            })
-            .await;
-        reply = back;
-        let Some(piece) = piece? else {
-            break;
-        };
-        let session = &mut driver.core().session;
-        session.send_response_data(piece)?;
-        flush(stream, session).await?;
-    }
-    flush(stream, &mut driver.core().session).await?;
-    Ok(())
 }
 
 /// Receives the next part of the streamed write straight into backend memory.
@@ -373,24 +237,23 @@ async fn send_reply(
 /// tokio shell).
 async fn receive_direct(
     stream: &Async<TcpStream>,
-    core: &mut Core,
+    conn: &mut Connection,
 ) -> Result<Direct, ConnectionError> {
     loop {
         stream.readable().await?;
         let mut outcome = None;
-        let lent = core
-            .dispatcher
-            .receive_in_place(&mut core.session, &mut |dst| {
-                record(stream.get_ref().read(dst), &mut outcome)
-            })?;
+        let lent = conn.receive_in_place(&mut |dst| {
+            record(stream.get_ref().read(dst), &mut outcome)
+        })?;
         if let Some(direct) = direct::received(lent, outcome)? {
             return Ok(direct);
         }
     }
 }
 
-/// Sends the rest of a streamed reply (its head already written) straight from backend
-/// memory; `Declined` if the backend cannot lend its memory (nothing was sent then).
+/// Sends the rest of the reply in progress (its head already written) straight from backend
+/// memory; stops early if the backend cannot lend its memory (the driver then goes piece by
+/// piece).
 ///
 /// Each piece is tried first and the reactor asked only once the socket is full: async-io's
 /// `writable()` keeps no readiness between calls (unlike tokio's), so awaiting it before every
@@ -398,89 +261,23 @@ async fn receive_direct(
 /// tokio shell's rate (2.7 against 6.3 GB/s; tried first: 1.00x, ten interleaved rounds).
 async fn send_direct(
     stream: &Async<TcpStream>,
-    core: &mut Core,
-    reply: &mut TensorReadStream,
-) -> Result<Direct, ConnectionError> {
-    while reply.remaining() > 0 {
+    conn: &mut Connection,
+) -> Result<(), ConnectionError> {
+    while conn.reply_remaining() > 0 {
         let mut outcome = None;
-        let lent = core
-            .dispatcher
-            .send_in_place(reply, &mut core.session, &mut |src| {
-                record(
-                    stream.get_ref().write(direct::send_piece(src)),
-                    &mut outcome,
-                )
-            })?;
+        let lent = conn.send_in_place(&mut |src| {
+            record(
+                stream.get_ref().write(direct::send_piece(src)),
+                &mut outcome,
+            )
+        })?;
         match direct::sent(lent, outcome)? {
-            Some(Direct::Declined) => return Ok(Direct::Declined),
+            Some(Direct::Declined) => return Ok(()),
             Some(_) => {}
             None => stream.writable().await?,
         }
     }
-    Ok(Direct::Moved)
-}
-
-/// Runs COMM_INIT (a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE (a failure closes
-/// the connection, as in the reference).
-async fn comm_work(
-    work: CommWork,
-    driver: &mut Driver,
-    links: &mut HashMap<u32, CommLink>,
-    timeout: Duration,
-) -> proto_core::Result<()> {
-    match work {
-        CommWork::Init(request) => {
-            let device = request.device;
-            let ok = match CommLink::establish(&request, timeout).await {
-                Ok(link) => {
-                    tracing::info!(device, rank = link.rank(), "comm link ready");
-                    links.insert(device, link);
-                    true
-                }
-                Err(error) => {
-                    tracing::warn!(%error, device, rank = request.rank, world = request.world, "COMM_INIT failed");
-                    false
-                }
-            };
-            let core = driver.core();
-            let response = core.dispatcher.finish_comm_init(device, ok);
-            core.session.send_response(&response)
-        }
-        CommWork::Allreduce {
-            device,
-            at,
-            elements,
-        } => {
-            let link = links.get_mut(&device).ok_or_else(|| {
-                proto_core::Error::Comm(format!("no comm link for device {device}"))
-            })?;
-            let len = usize::try_from(elements)
-                .ok()
-                .and_then(|n| n.checked_mul(4))
-                .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
-            let bytes = driver
-                .blocking(move |core| {
-                    let mut bytes = vec![0u8; len];
-                    core.dispatcher
-                        .backend()
-                        .read(at, &mut bytes)
-                        .map(|()| bytes)
-                })
-                .await?;
-            let local: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let sums = link.allreduce(local).await?;
-            let mut bytes = bytes;
-            for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
-                out.copy_from_slice(&value.to_le_bytes());
-            }
-            driver
-                .blocking(move |core| core.dispatcher.backend().write(at, &bytes))
-                .await
-        }
-    }
+    Ok(())
 }
 
 /// Reads up to `want` bytes into a fresh buffer of exactly that size, stopping early only at
@@ -499,10 +296,10 @@ async fn read_chunk(stream: &mut Async<TcpStream>, want: usize) -> io::Result<(B
     Ok((buf.freeze(), false))
 }
 
-/// Writes out everything the session queued, with vectored writes straight from its `Bytes`.
-async fn flush(stream: &mut Async<TcpStream>, session: &mut ServerSession) -> io::Result<()> {
+/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`.
+async fn flush(stream: &mut Async<TcpStream>, conn: &mut Connection) -> io::Result<()> {
     let mut queue: Vec<Bytes> = Vec::new();
-    while let Some(bytes) = session.poll_transmit() {
+    while let Some(bytes) = conn.poll_transmit() {
         if !bytes.is_empty() {
             queue.push(bytes);
         }

@@ -1,21 +1,11 @@
-//! One client connection: socket bytes → [`ServerSession`] → [`Dispatcher`] → socket bytes.
+//! One client connection: the loop that runs [`Connection`]'s actions on a tokio socket.
 //!
-//! The driver has no protocol logic: it reads, feeds the session, hands every event to the
-//! dispatcher, queues the responses and writes out the session's transmit queue.
-//!
-//! Reads: between messages the driver reads into one reusable buffer and hands the filled part
-//! to the session (`split().freeze()`, no copy). While a SET_TENSOR / SET_TENSOR_2D payload
-//! streams in over TCP, the socket is read straight into the destination in backend memory
-//! ([`Dispatcher::receive_in_place`]: a non-blocking `recv` into the lent region), so the data
-//! is copied once, by the kernel. Where that is not possible (data already buffered with the
-//! header, the tensor cache also storing it, a backend without host memory, a non-TCP stream)
-//! it reads `min(stream_remaining(), 8 MiB)` bytes into a fresh buffer of exactly that size
-//! and hands the whole piece over, so the backend receives it without a second copy.
-//!
-//! Writes: the session's transmit queue (a response header, small replies) is written with
-//! vectored writes straight from its `Bytes`: no frame is ever assembled in a second buffer.
-//! A large GET_TENSOR reply is sent straight from backend memory over TCP
-//! ([`Dispatcher::send_in_place`]), else piece by piece through the queue.
+//! It has no protocol logic. Reads: between messages into one reusable buffer whose filled
+//! part goes to the connection (`split().freeze()`, no copy); streamed SET_TENSOR data straight
+//! into backend memory when the driver says so (a non-blocking `recv` into the lent region,
+//! copied once, by the kernel), else `min(remaining, 8 MiB)` bytes into a fresh buffer handed
+//! over whole. Writes: the transmit queue with vectored writes straight from its `Bytes`; a
+//! large GET_TENSOR reply straight from backend memory.
 //!
 //! Blocking backend calls: commands that may take long (graph compute, large reads, writes,
 //! copies and fills, cache file I/O) run under [`tokio::task::block_in_place`] when the
@@ -36,37 +26,23 @@
 //! `block_in_place` hands the worker to another thread and back, about seven context switches
 //! per call: per generated token of a small model, more than half of the server's switches.
 
-use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use proto_core::backend::{Backend, TensorLocation};
-use proto_core::dispatch::{Dispatcher, Outcome, TensorReadStream};
-use proto_core::session::ServerSession;
-use proto_core::wire::CommInitRequest;
+use proto_core::backend::Backend;
+use proto_core::driver::{Action, Connection, Place, Receive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
 use shell_common::direct::{self, record};
-use shell_common::{is_heavy, is_heavy_to_free, Direct};
+use shell_common::{CommLinks, Direct};
 
-use crate::comm_link::CommLink;
-
-/// Bytes read at once between messages.
-const READ_SIZE: usize = 64 * 1024;
-/// Bytes read at once while SET_TENSOR data streams (each read is one session chunk, within
-/// the core's 16 MiB bound); smaller pieces keep the server's peak memory close to the tensor.
-const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
-/// Most buffers passed to one vectored write.
-const MAX_IO_SLICES: usize = 64;
-/// How long a failing connection may take to flush the responses it already owed.
-const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
-
+pub use shell_common::shell::{Closed, ConnectionError};
 pub use shell_common::ConnectionConfig;
+use shell_common::shell::{FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,44 +53,6 @@ pub(crate) enum Blocking {
     /// there, else as [`Blocking::InPlace`]. Only for runtimes whose clients are accepted
     /// outside their workers (see the module docs).
     InlineWhenAlone,
-}
-
-/// Work of an event that needs the sockets, done outside the synchronous event loop.
-enum Deferred {
-    /// A large reply, written piece by piece.
-    Reply(TensorReadStream),
-    /// The comm link.
-    Comm(CommWork),
-}
-
-/// Work of an event that needs sockets besides the client's (the comm link).
-enum CommWork {
-    Init(Box<CommInitRequest>),
-    Allreduce {
-        device: u32,
-        at: TensorLocation,
-        elements: u64,
-    },
-}
-
-/// Why a connection ended without an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closed {
-    /// The client closed its side between two messages.
-    ByClient,
-    /// The server is shutting down.
-    Shutdown,
-}
-
-/// Why a connection failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
-    /// The client broke the protocol or a command failed.
-    #[error(transparent)]
-    Protocol(#[from] proto_core::Error),
-    /// The socket failed.
-    #[error(transparent)]
-    Io(#[from] io::Error),
 }
 
 /// A byte stream that may also be read into and written from borrowed memory without
@@ -139,41 +77,33 @@ impl DirectIo for tokio::io::DuplexStream {}
 /// Receives the next part of the streamed write straight into backend memory.
 async fn receive_direct(
     socket: &TcpStream,
-    session: &mut ServerSession,
-    dispatcher: &mut Dispatcher<dyn Backend>,
+    conn: &mut Connection,
 ) -> Result<Direct, ConnectionError> {
     loop {
         socket.readable().await?;
         let mut outcome = None;
-        let lent = dispatcher.receive_in_place(session, &mut |dst| {
-            record(socket.try_read(dst), &mut outcome)
-        })?;
+        let lent = conn.receive_in_place(&mut |dst| record(socket.try_read(dst), &mut outcome))?;
         if let Some(direct) = direct::received(lent, outcome)? {
             return Ok(direct);
         }
     }
 }
 
-/// Sends the rest of a streamed reply (its head already written) straight from backend
-/// memory; `Declined` if the backend cannot lend its memory (nothing was sent then).
-async fn send_direct(
-    socket: &TcpStream,
-    session: &mut ServerSession,
-    // `&mut`: held across awaits, and the dispatcher is Send but not Sync.
-    dispatcher: &mut Dispatcher<dyn Backend>,
-    reply: &mut TensorReadStream,
-) -> Result<Direct, ConnectionError> {
-    while reply.remaining() > 0 {
+/// Sends the rest of the reply in progress (its head already written) straight from backend
+/// memory; stops early if the backend cannot lend its memory (the driver then goes piece by
+/// piece).
+async fn send_direct(socket: &TcpStream, conn: &mut Connection) -> Result<(), ConnectionError> {
+    while conn.reply_remaining() > 0 {
         socket.writable().await?;
         let mut outcome = None;
-        let lent = dispatcher.send_in_place(reply, session, &mut |src| {
+        let lent = conn.send_in_place(&mut |src| {
             record(socket.try_write(direct::send_piece(src)), &mut outcome)
         })?;
         if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
-            return Ok(Direct::Declined);
+            return Ok(());
         }
     }
-    Ok(Direct::Moved)
+    Ok(())
 }
 
 /// Runs an accepted TCP client to its end and logs how it ended.
@@ -184,32 +114,13 @@ pub(crate) async fn run(
     mut stop: watch::Receiver<bool>,
     blocking: Blocking,
 ) {
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
-    }
-    shell_common::tune_or_log(&stream);
-    tracing::info!("Accepted client connection");
+    shell_common::shell::accepted(&stream);
     let mut stream = stream;
-    // The dispatcher lives inside `serve_connection`, so every buffer is freed before the
-    // socket closes: a client that sees EOF sees the server's memory back to baseline.
+    // The connection lives inside `serve`, so every buffer is freed before the socket closes:
+    // a client that sees EOF sees the server's memory back to baseline.
     let result = serve(&mut stream, backend, &config, &mut stop, blocking).await;
     drop(stream);
-    match result {
-        Ok(Closed::ByClient) => tracing::info!("Client connection closed"),
-        Ok(Closed::Shutdown) => {
-            tracing::info!("Client connection closed: server shutting down")
-        }
-        Err(ConnectionError::Protocol(error)) => tracing::warn!(
-            %error,
-            kind = %error.kind(),
-            "Client connection closed on error"
-        ),
-        Err(ConnectionError::Io(error)) => tracing::warn!(
-            %error,
-            kind = %error.kind(),
-            "Client connection closed on I/O error"
-        ),
-    }
+    shell_common::shell::log_end(&result);
 }
 
 /// Serves one client on any byte stream until it closes, fails, or `stop` turns true.
@@ -239,239 +150,111 @@ async fn serve<S>(
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
-    let mut dispatcher = Dispatcher::new(backend, config.dispatcher.clone())?;
-    let result = serve_client(stream, &mut dispatcher, config, stop, blocking).await;
+    let mut conn = config.connect(backend, stream.socket().is_some())?;
+    let mut links = CommLinks::new(config.comm_timeout);
+    let result = serve_client(stream, &mut conn, &mut links, stop, blocking).await;
     // Everything the client held goes back here, off the worker's other clients if it is much.
-    if is_heavy_to_free(dispatcher.buffers()) {
-        run_blocking(blocking, move || drop(dispatcher));
+    if conn.heavy_to_free() {
+        run_blocking(blocking, move || drop(conn));
     }
     result
 }
 
-/// The body of [`serve`]: the client's commands, against `dispatcher`.
+/// The body of [`serve`]: the client's commands, on `conn`.
 async fn serve_client<S>(
     stream: &mut S,
-    dispatcher: &mut Dispatcher<dyn Backend>,
-    config: &ConnectionConfig,
+    conn: &mut Connection,
+    links: &mut CommLinks,
     stop: &mut watch::Receiver<bool>,
     blocking: Blocking,
 ) -> Result<Closed, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
-    let mut session = ServerSession::new(config.session.clone());
     let mut read_buf = BytesMut::new();
-    let mut links: HashMap<u32, CommLink> = HashMap::new();
     loop {
-        let processed = match process_events(&mut session, dispatcher, &mut links, blocking) {
-            Ok(Some(Deferred::Reply(reply))) => {
-                flush(stream, &mut session).await?;
-                send_reply(stream, &mut session, dispatcher, reply, blocking).await?;
-                continue;
-            }
-            Ok(Some(Deferred::Comm(work))) => {
-                // Flush first: the client may be waiting for earlier responses.
-                flush(stream, &mut session).await?;
-                comm_work(
-                    work,
-                    &mut session,
-                    dispatcher,
-                    &mut links,
-                    config.comm_timeout,
-                    blocking,
-                )
-                .await
-                .map(|()| true)
-            }
-            Ok(None) => Ok(false),
-            Err(error) => Err(error),
-        };
-        match processed {
+        let action = match next_action(conn, links, blocking) {
+            Ok(action) => action,
             Err(error) => {
                 // Responses owed to earlier requests of the same read still go out, as they
                 // would from the reference, which answers each command before reading the next.
-                let _ =
-                    tokio::time::timeout(FINAL_FLUSH_TIMEOUT, flush(stream, &mut session)).await;
+                let _ = tokio::time::timeout(FINAL_FLUSH_TIMEOUT, flush(stream, conn)).await;
                 return Err(error.into());
             }
-            // More complete requests may already be buffered behind the comm command.
-            Ok(true) => continue,
-            Ok(false) => {}
-        }
-        flush(stream, &mut session).await?;
-
-        let remaining = session.stream_remaining();
-        if remaining > 0 {
-            // Streamed tensor data: finish it even during shutdown (the grace period bounds
-            // that), so a client never gets half a tensor written.
-            if let Some(socket) = stream.socket() {
-                if session.in_place_capacity() > 0 {
-                    match receive_direct(socket, &mut session, dispatcher).await? {
+        };
+        match action {
+            Action::Transmit => flush(stream, conn).await?,
+            Action::SendInPlace => match stream.socket() {
+                Some(socket) => send_direct(socket, conn).await?,
+                None => conn.set_direct_io(false),
+            },
+            Action::Receive(Receive::Stream {
+                remaining,
+                in_place,
+            }) => {
+                // Streamed tensor data: finish it even during shutdown (the grace period bounds
+                // that), so a client never gets half a tensor written.
+                if let (true, Some(socket)) = (in_place, stream.socket()) {
+                    match receive_direct(socket, conn).await? {
                         Direct::Moved => continue,
                         Direct::Eof => {
-                            session.handle_eof()?;
+                            conn.handle_eof()?;
                             return Ok(Closed::ByClient);
                         }
                         Direct::Declined => {}
                     }
                 }
+                let (chunk, eof) = read_chunk(stream, shell_common::shell::stream_read_size(remaining)).await?;
+                if !chunk.is_empty() {
+                    conn.handle_input(chunk);
+                }
+                if eof {
+                    conn.handle_eof()?;
+                    return Ok(Closed::ByClient);
+                }
             }
-            let want =
-                usize::try_from(remaining.min(STREAM_READ_SIZE as u64)).unwrap_or(STREAM_READ_SIZE);
-            let (chunk, eof) = read_chunk(stream, want).await?;
-            if !chunk.is_empty() {
-                session.handle_input(chunk);
+            Action::Receive(Receive::Idle) => {
+                if *stop.borrow() {
+                    return Ok(Closed::Shutdown);
+                }
+                read_buf.reserve(READ_SIZE);
+                let read = tokio::select! {
+                    read = stream.read_buf(&mut read_buf) => read?,
+                    changed = stop.changed() => {
+                        // A dropped sender also means the server is gone.
+                        let _ = changed;
+                        return Ok(Closed::Shutdown);
+                    }
+                };
+                if read == 0 {
+                    conn.handle_eof()?;
+                    return Ok(Closed::ByClient);
+                }
+                conn.handle_input(read_buf.split().freeze());
             }
-            if eof {
-                session.handle_eof()?;
-                return Ok(Closed::ByClient);
-            }
-            continue;
+            // `next_action` runs these.
+            Action::Offload | Action::Comm(_) => {}
         }
+    }
+}
 
-        if *stop.borrow() {
-            return Ok(Closed::Shutdown);
-        }
-        read_buf.reserve(READ_SIZE);
-        let read = tokio::select! {
-            read = stream.read_buf(&mut read_buf) => read?,
-            changed = stop.changed() => {
-                // A dropped sender also means the server is gone.
-                let _ = changed;
-                return Ok(Closed::Shutdown);
+/// Polls the connection, running heavy work and comm work as `blocking` says, until it needs
+/// the socket.
+fn next_action(
+    conn: &mut Connection,
+    links: &mut CommLinks,
+    blocking: Blocking,
+) -> proto_core::Result<Action> {
+    let mut action = conn.poll(Place::EventLoop)?;
+    loop {
+        action = match action {
+            Action::Offload => run_blocking(blocking, || conn.poll(Place::Blocking))?,
+            Action::Comm(work) => {
+                run_blocking(blocking, || links.run(work, conn))?;
+                conn.poll(Place::EventLoop)?
             }
+            other => return Ok(other),
         };
-        if read == 0 {
-            session.handle_eof()?;
-            return Ok(Closed::ByClient);
-        }
-        session.handle_input(read_buf.split().freeze());
-    }
-}
-
-/// Hands every complete event to the dispatcher and queues the responses, until one needs
-/// the comm link (returned, to be run by [`comm_work`]) or more input is needed.
-fn process_events(
-    session: &mut ServerSession,
-    dispatcher: &mut Dispatcher<dyn Backend>,
-    links: &mut HashMap<u32, CommLink>,
-    blocking: Blocking,
-) -> proto_core::Result<Option<Deferred>> {
-    while let Some(event) = session.poll_event()? {
-        let outcome = if is_heavy(&event, dispatcher.buffers()) {
-            run_blocking(blocking, || dispatcher.handle(event))?
-        } else {
-            dispatcher.handle(event)?
-        };
-        match outcome {
-            Outcome::Done => {}
-            Outcome::Respond(response) => session.send_response(&response)?,
-            Outcome::RespondStream(reply) => return Ok(Some(Deferred::Reply(reply))),
-            Outcome::CommFree { device } => {
-                if links.remove(&device).is_some() {
-                    tracing::info!(device, "comm link closed");
-                }
-            }
-            Outcome::CommInit(request) => return Ok(Some(Deferred::Comm(CommWork::Init(request)))),
-            Outcome::CommAllreduce {
-                device,
-                at,
-                elements,
-            } => {
-                return Ok(Some(Deferred::Comm(CommWork::Allreduce {
-                    device,
-                    at,
-                    elements,
-                })))
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// Writes a large GET_TENSOR reply one piece (at most 16 MiB) at a time, so the server never
-/// holds more than one piece of it.
-async fn send_reply<S: AsyncWrite + DirectIo + Unpin>(
-    stream: &mut S,
-    session: &mut ServerSession,
-    // `&mut`, not `&`: the future must be Send, and the dispatcher is Send but not Sync.
-    dispatcher: &mut Dispatcher<dyn Backend>,
-    mut reply: TensorReadStream,
-    blocking: Blocking,
-) -> Result<(), ConnectionError> {
-    session.begin_response_stream(reply.command(), reply.len())?;
-    if let Some(socket) = stream.socket() {
-        // The head goes first, then the data straight from backend memory.
-        let mut queue = Vec::new();
-        while let Some(bytes) = session.poll_transmit() {
-            queue.push(bytes);
-        }
-        write_all_vectored_socket(socket, queue).await?;
-        if let Direct::Moved = send_direct(socket, session, dispatcher, &mut reply).await? {
-            return Ok(());
-        }
-    }
-    while let Some(piece) = run_blocking(blocking, || dispatcher.read_chunk(&mut reply))? {
-        session.send_response_data(piece)?;
-        flush(stream, session).await?;
-    }
-    flush(stream, session).await?;
-    Ok(())
-}
-
-/// Runs COMM_INIT (sets up the link; a failure is the soft answer `ok = 0`) or COMM_ALLREDUCE
-/// (reads the partial from the backend, exchanges it, writes the sums back; a failure closes
-/// the connection, as in the reference).
-async fn comm_work(
-    work: CommWork,
-    session: &mut ServerSession,
-    dispatcher: &mut Dispatcher<dyn Backend>,
-    links: &mut HashMap<u32, CommLink>,
-    timeout: Duration,
-    blocking: Blocking,
-) -> proto_core::Result<()> {
-    match work {
-        CommWork::Init(request) => {
-            let device = request.device;
-            let ok = match CommLink::establish(&request, timeout).await {
-                Ok(link) => {
-                    tracing::info!(device, rank = link.rank(), "comm link ready");
-                    links.insert(device, link);
-                    true
-                }
-                Err(error) => {
-                    tracing::warn!(%error, device, rank = request.rank, world = request.world, "COMM_INIT failed");
-                    false
-                }
-            };
-            let response = dispatcher.finish_comm_init(device, ok);
-            session.send_response(&response)
-        }
-        CommWork::Allreduce {
-            device,
-            at,
-            elements,
-        } => {
-            let link = links.get_mut(&device).ok_or_else(|| {
-                proto_core::Error::Comm(format!("no comm link for device {device}"))
-            })?;
-            let len = usize::try_from(elements)
-                .ok()
-                .and_then(|n| n.checked_mul(4))
-                .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
-            let backend = dispatcher.backend().clone();
-            let mut bytes = vec![0u8; len];
-            run_blocking(blocking, || backend.read(at, &mut bytes))?;
-            let local: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let sums = link.allreduce(local).await?;
-            for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
-                out.copy_from_slice(&value.to_le_bytes());
-            }
-            run_blocking(blocking, || backend.write(at, &bytes))
-        }
     }
 }
 
@@ -508,73 +291,13 @@ async fn read_chunk<S: AsyncRead + Unpin>(
     Ok((buf.freeze(), false))
 }
 
-/// Writes out everything the session queued, with vectored writes straight from its `Bytes`.
-async fn flush<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    session: &mut ServerSession,
-) -> io::Result<()> {
+/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`.
+async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, conn: &mut Connection) -> io::Result<()> {
     let mut queue: Vec<Bytes> = Vec::new();
-    while let Some(bytes) = session.poll_transmit() {
+    while let Some(bytes) = conn.poll_transmit() {
         queue.push(bytes);
     }
     write_all_vectored(stream, queue).await
-}
-
-/// [`write_all_vectored`] through a shared reference to a TCP socket.
-async fn write_all_vectored_socket(socket: &TcpStream, queue: Vec<Bytes>) -> io::Result<()> {
-    let mut writer = SocketWriter(socket);
-    write_all_vectored(&mut writer, queue).await
-}
-
-/// `AsyncWrite` over `&TcpStream` (tokio implements it for `TcpStream` only by `&mut`).
-struct SocketWriter<'a>(&'a TcpStream);
-
-impl AsyncWrite for SocketWriter<'_> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        loop {
-            std::task::ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write(buf) {
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return std::task::Poll::Ready(other),
-            }
-        }
-    }
-
-    fn poll_write_vectored(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> std::task::Poll<io::Result<usize>> {
-        loop {
-            std::task::ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write_vectored(bufs) {
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return std::task::Poll::Ready(other),
-            }
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }
 
 /// Writes a list of buffers in order, in as few system calls as the socket allows, each

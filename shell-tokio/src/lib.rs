@@ -2,15 +2,12 @@
 //!
 //! This crate moves bytes and nothing else. Every protocol decision (framing, validation,
 //! command semantics, the graph cache, version rules) is made by [`proto_core`]; the shell only
-//! reads from sockets into [`proto_core::session`] state machines, hands their events to a
-//! [`proto_core::dispatch::Dispatcher`], and writes out what they produce.
+//! runs [`proto_core::driver::Connection`]'s actions on tokio's sockets and threads.
 //!
 //! * [`server`]: [`serve`] accepts TCP clients and runs one [`connection`] task per client,
 //!   with the server-wide limits of [`ServerConfig`] and graceful shutdown.
-//! * [`connection`]: the per-client driver (read → session → dispatcher → write).
+//! * [`connection`]: the per-client loop around the driver.
 //! * [`client`]: [`Client`], a typed async client that speaks protocol 7 or 8.
-//! * [`comm_link`]: the protocol-8.0.0 server-to-server link behind COMM_INIT and
-//!   COMM_ALLREDUCE (two ranks, pairwise all-reduce).
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files
 //!   (re-exported from [`shell_common`], as is [`ServerConfig`]).
 //! * [`error`]: [`ClientError`], what the client returns.
@@ -18,7 +15,6 @@
 #![warn(missing_docs)]
 
 pub mod client;
-pub mod comm_link;
 pub mod connection;
 pub mod error;
 pub mod server;

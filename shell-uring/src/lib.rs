@@ -2,8 +2,8 @@
 //! sans-IO core.
 //!
 //! Like every shell, this crate moves bytes and nothing else: framing, validation and command
-//! semantics are [`proto_core`]'s ([`ServerSession`](proto_core::session::ServerSession) and
-//! [`Dispatcher`](proto_core::dispatch::Dispatcher)). What it adds is the event loop: many
+//! semantics are [`proto_core`]'s, whose [`Connection`](proto_core::driver::Connection) says
+//! what each connection needs next. What it adds is the event loop: many
 //! clients on one ring (or one ring per thread), receives and sends submitted in batches with one
 //! system call per loop turn, SET_TENSOR data received straight into the buffers the backend
 //! reads from, GET_TENSOR responses sent straight from the backend's `Bytes` (or from its
@@ -20,8 +20,6 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-#[cfg(target_os = "linux")]
-mod comm;
 #[cfg(target_os = "linux")]
 mod core;
 #[cfg(target_os = "linux")]

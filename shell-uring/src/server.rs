@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use proto_core::backend::Backend;
-use proto_core::session::{ServerEvent, MAX_DATA_CHUNK};
+use proto_core::session::MAX_DATA_CHUNK;
 use proto_core::wire::ProtocolVersion;
 pub use shell_common::config::{
     DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
@@ -785,7 +785,7 @@ impl Loop {
         let fd = conn.stream.as_raw_fd();
         match stop {
             Stop::Failed(error) => return self.fail(tag, error),
-            Stop::Work(Work::Reply) if core.direct_replies => {
+            Stop::SendInPlace => {
                 // The head first, then the data straight from backend memory.
                 if !core.outbox.is_empty() {
                     return self.send_outbox(tag, AfterSend::Continue, None);
@@ -795,7 +795,7 @@ impl Loop {
                     conn.op = Some((op, OpKind::ReplyReady));
                     return;
                 }
-                if core.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
+                if core.conn.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
                     if self.ring_direct > 0 && self.offloaded_direct < self.max_offloaded_direct {
                         return self.offload_direct(tag, true);
                     }
@@ -805,13 +805,6 @@ impl Loop {
                 // The socket is most likely writable: try first, poll only if it is not.
                 self.ready.push_back((tag, OpKind::ReplyReady));
                 return;
-            }
-            Stop::Work(Work::Reply) => {
-                // The piece read last is sent while the next one is read.
-                if !core.outbox.is_empty() {
-                    self.send_outbox(tag, AfterSend::Continue, None);
-                }
-                return self.offload(tag, Work::Reply);
             }
             Stop::Work(work) => {
                 if core.outbox.is_empty() {
@@ -825,10 +818,10 @@ impl Loop {
         if !core.outbox.is_empty() {
             return self.send_outbox(tag, AfterSend::Continue, None);
         }
-        let remaining = core.session.stream_remaining();
+        let remaining = core.conn.stream_remaining();
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
-            if core.session.in_place_capacity() > 0 && !conn.buffered_stream {
+            if core.conn.in_place_capacity() > 0 && !conn.buffered_stream {
                 if std::mem::take(&mut conn.stalled) {
                     let op = self.ring.poll(tag, fd, false);
                     conn.op = Some((op, OpKind::StreamReady));
@@ -873,10 +866,9 @@ impl Loop {
         let Some(mut core) = conn.core.take() else {
             return;
         };
-        let remaining = core.session.stream_remaining();
-        if matches!(work, Work::Event(ServerEvent::TensorData(_)))
-            && remaining > 0
-            && conn.op.is_none()
+        // During a streamed write the heavy work is a data chunk.
+        let remaining = core.conn.stream_remaining();
+        if matches!(work, Work::Heavy) && remaining > 0 && conn.op.is_none()
         {
             let want = usize::try_from(remaining)
                 .unwrap_or(usize::MAX)
@@ -929,7 +921,7 @@ impl Loop {
         let Some(core) = self.conns.get_mut(tag).and_then(|conn| conn.core.as_mut()) else {
             return;
         };
-        let ending = match core.session.handle_eof() {
+        let ending = match core.conn.handle_eof() {
             Ok(()) => Ending::ByClient,
             Err(error) => Ending::Protocol(error),
         };
@@ -1067,7 +1059,7 @@ impl Loop {
                     return self.advance(tag, None);
                 }
                 Ok(Some(Ok(0))) => {
-                    let ending = match core.session.handle_eof() {
+                    let ending = match core.conn.handle_eof() {
                         Ok(()) => Ending::ByClient,
                         Err(error) => Ending::Protocol(error),
                     };
@@ -1077,7 +1069,8 @@ impl Loop {
             },
             OpKind::ReplyReady => match core.send_direct(stream) {
                 Err(error) => return self.fail(tag, error),
-                Ok(None) => return self.offload(tag, Work::Reply),
+                // The backend does not lend its memory: the driver goes piece by piece.
+                Ok(None) => return self.advance(tag, None),
                 Ok(Some(result)) => (result, true),
             },
             _ => return,
@@ -1108,7 +1101,7 @@ impl Loop {
         };
         match result {
             Ok(0) => {
-                let ending = match core.session.handle_eof() {
+                let ending = match core.conn.handle_eof() {
                     Ok(()) => Ending::ByClient,
                     Err(error) => Ending::Protocol(error),
                 };
@@ -1117,7 +1110,7 @@ impl Loop {
             Ok(_) => {
                 let data = buf.split().freeze();
                 conn.read_buf = buf;
-                core.session.handle_input(data);
+                core.conn.handle_input(data);
                 self.advance(tag, None);
             }
             Err(error) if ring::cancelled(&error) && self.stopping => {
@@ -1136,7 +1129,7 @@ impl Loop {
         };
         match result {
             Ok(0) => {
-                let ending = match core.session.handle_eof() {
+                let ending = match core.conn.handle_eof() {
                     Ok(()) => Ending::ByClient,
                     Err(error) => Ending::Protocol(error),
                 };
@@ -1150,7 +1143,7 @@ impl Loop {
                     conn.held.remove(0);
                 }
                 conn.held.push(data.clone());
-                core.session.handle_input(data);
+                core.conn.handle_input(data);
                 self.advance(tag, None);
             }
             Err(error) => self.finish(tag, Ending::Io(error)),
@@ -1225,7 +1218,7 @@ struct Closing {
 impl Closing {
     /// Whether freeing what the client holds would stall the ring.
     fn heavy_to_free(&self) -> bool {
-        self.core.as_ref().is_some_and(|core| core.heavy_to_free())
+        self.core.as_ref().is_some_and(|core| core.conn.heavy_to_free())
     }
 
     /// Frees the client's buffers, closes the socket, logs the ending.
@@ -1263,7 +1256,7 @@ impl Closing {
 fn direct_blocking(core: &mut Core, stream: &TcpStream, writable: bool) -> (Stop, DirectEnd) {
     loop {
         let moved = if writable {
-            if core.reply_remaining() == 0 {
+            if core.conn.reply_remaining() == 0 {
                 return (Stop::Idle, DirectEnd::Done);
             }
             match core.send_direct(stream) {
@@ -1272,7 +1265,7 @@ fn direct_blocking(core: &mut Core, stream: &TcpStream, writable: bool) -> (Stop
                 Ok(Some(result)) => result,
             }
         } else {
-            if core.session.in_place_capacity() == 0 {
+            if core.conn.in_place_capacity() == 0 {
                 return (Stop::Idle, DirectEnd::Done);
             }
             match core.receive_direct(stream) {

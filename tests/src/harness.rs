@@ -1,11 +1,12 @@
-//! In-memory drivers of our sessions: a server (session + dispatcher over [`MemoryBackend`]) and
-//! a client, fed with raw bytes. Used by the vector checks and by cross-crate tests.
+//! In-memory drivers of our sessions: a server (the connection driver every shell runs, over
+//! [`MemoryBackend`]) and a client, fed with raw bytes. Used by the vector checks and by cross-crate tests.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use proto_core::backend::MemoryBackend;
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::dispatch::DispatcherConfig;
+use proto_core::driver::{Action, CommWork, Connection, Place};
 use proto_core::session::{
     ClientEvent, ClientSession, ServerEvent, ServerSession, ServerSessionConfig, TensorWrite,
 };
@@ -51,10 +52,8 @@ impl ServerConfig {
 
 /// A server connection over [`MemoryBackend`], fed with bytes.
 pub struct ServerHarness {
-    /// The session.
-    pub session: ServerSession,
-    /// The dispatcher.
-    pub dispatcher: Dispatcher<MemoryBackend>,
+    /// The connection.
+    pub conn: Connection<MemoryBackend>,
     /// The backend.
     pub backend: Arc<MemoryBackend>,
 }
@@ -77,8 +76,7 @@ impl ServerHarness {
         let mut session_config = ServerSessionConfig::new(dialect);
         session_config.max_message_size = config.max_message_size;
         Ok(ServerHarness {
-            session: ServerSession::new(session_config),
-            dispatcher: Dispatcher::new(backend.clone(), dispatch)?,
+            conn: Connection::new(backend.clone(), &session_config, &dispatch, false)?,
             backend,
         })
     }
@@ -87,33 +85,30 @@ impl ServerHarness {
     /// COMM_INIT requests that pass validation are answered as a failed link set-up (`ok = 0`):
     /// the harness has no sockets.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<u8>, Error> {
-        self.session.handle_input(Bytes::copy_from_slice(bytes));
-        while let Some(event) = self.session.poll_event()? {
-            match self.dispatcher.handle(event)? {
-                Outcome::Done | Outcome::CommFree { .. } => {}
-                Outcome::Respond(response) => self.session.send_response(&response)?,
-                Outcome::RespondStream(stream) => {
-                    self.dispatcher.stream_reply(stream, &mut self.session)?
+        self.conn.handle_input(Bytes::copy_from_slice(bytes));
+        let mut out = Vec::new();
+        loop {
+            match self.conn.poll(Place::Blocking)? {
+                Action::Transmit => {
+                    while let Some(chunk) = self.conn.poll_transmit() {
+                        out.extend_from_slice(&chunk);
+                    }
                 }
-                Outcome::CommInit(request) => {
-                    let response = self.dispatcher.finish_comm_init(request.device, false);
-                    self.session.send_response(&response)?;
+                Action::Comm(CommWork::Init(request)) => {
+                    self.conn.comm_init_done(request.device, false)?
                 }
-                Outcome::CommAllreduce { .. } => {
-                    return Err(Error::InvalidState("the harness has no comm link"));
+                Action::Comm(CommWork::Free { .. }) | Action::Offload => {}
+                Action::Comm(CommWork::Allreduce { .. }) | Action::SendInPlace => {
+                    return Err(Error::InvalidState("the harness has no sockets"));
                 }
+                Action::Receive(_) => return Ok(out),
             }
         }
-        let mut out = Vec::new();
-        while let Some(chunk) = self.session.poll_transmit() {
-            out.extend_from_slice(&chunk);
-        }
-        Ok(out)
     }
 
     /// The client closed its side.
     pub fn eof(&mut self) -> Result<(), Error> {
-        self.session.handle_eof()
+        self.conn.handle_eof()
     }
 }
 

@@ -195,6 +195,21 @@ impl<B: Backend + ?Sized> Connection<B> {
         is_heavy_to_free(self.dispatcher.buffers())
     }
 
+    /// Bytes of the streamed write in progress not yet received (0: none streams).
+    pub fn stream_remaining(&self) -> u64 {
+        self.session.stream_remaining()
+    }
+
+    /// How many bytes of the streamed write [`receive_in_place`](Self::receive_in_place) may
+    /// place now (0: none, feed [`handle_input`](Self::handle_input)).
+    pub fn in_place_capacity(&self) -> u64 {
+        if self.lend {
+            self.session.in_place_capacity()
+        } else {
+            0
+        }
+    }
+
     /// Data bytes of the reply in progress still to send (0: none).
     pub fn reply_remaining(&self) -> u64 {
         self.reply.as_ref().map_or(0, TensorReadStream::remaining)

@@ -1,12 +1,13 @@
 //! The protocol-8.0.0 server-to-server link (PROTOCOL.md §6.1, §6.2, §6.4) on blocking TCP.
 //!
-//! The byte-level work is done by the sans-IO machines of [`proto_core::comm`]; this module only
-//! opens the socket and moves bytes. It always runs on a blocking thread, never on a ring, so a
-//! peer that takes its time stalls no other client. Addressing, retries and timeouts are those of
-//! the tokio shell: rank 0 listens on `0.0.0.0:port` and accepts one peer, rank 1 connects to
-//! `host:port` (100 tries, 50 ms apart); accepting and each exchange are bounded by the comm
-//! timeout.
+//! The one comm link of every shell. The byte-level work is done by the sans-IO machines of
+//! [`proto_core::comm`]; this module only opens the socket and moves bytes, on blocking
+//! `std::net` sockets. Shells run it where blocking stalls no other client (the driver announces
+//! it as [`Action::Comm`](proto_core::driver::Action::Comm)). Rank 0 listens on `0.0.0.0:port`
+//! and accepts one peer, rank 1 connects to `host:port` (100 tries, 50 ms apart); accepting and
+//! each exchange are bounded by the comm timeout.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ use std::time::{Duration, Instant};
 use proto_core::comm::{
     CommError, Handshake, HandshakeEvent, LinkVariant, PairwiseAllReduce, WireFormat,
 };
+use proto_core::backend::Backend;
+use proto_core::driver::{CommWork, Connection};
 use proto_core::wire::CommInitRequest;
 
 const CONNECT_TRIES: u32 = 100;
@@ -22,17 +25,28 @@ const ACCEPT_POLL: Duration = Duration::from_millis(5);
 
 /// Why a comm link could not be set up or used.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LinkError {
+pub enum LinkError {
+    /// The peer broke the link protocol.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// The socket failed.
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The peer did not answer in time.
     #[error("comm link timed out after {0:?}")]
     Timeout(Duration),
-    #[error("{0}")]
-    Unsupported(String),
+    /// COMM_INIT's port is not a TCP port.
+    #[error("invalid port {0}")]
+    InvalidPort(u32),
+    /// A rank above 0 was not told where rank 0 is.
+    #[error("rank > 0 without a host")]
+    NoHost,
+    /// The peer sent data the exchange did not ask for.
     #[error("the peer sent data out of turn")]
     OutOfTurn,
+    /// COMM_ALLREDUCE on a device without a link.
+    #[error("no comm link for device {0}")]
+    NoLink(u32),
 }
 
 impl From<LinkError> for proto_core::Error {
@@ -43,26 +57,27 @@ impl From<LinkError> for proto_core::Error {
 
 /// An established link to the other rank of a device's communicator.
 #[derive(Debug)]
-pub(crate) struct CommLink {
+pub struct CommLink {
     stream: TcpStream,
     rank: u32,
     timeout: Duration,
 }
 
 impl CommLink {
-    pub(crate) fn rank(&self) -> u32 {
+    /// This end's rank.
+    pub fn rank(&self) -> u32 {
         self.rank
     }
 
     /// Sets up the link that COMM_INIT asks for (world 2: the 8.0.0 link).
-    pub(crate) fn establish(
+    pub fn establish(
         request: &CommInitRequest,
         timeout: Duration,
     ) -> Result<CommLink, LinkError> {
         let port = u16::try_from(request.port)
             .ok()
             .filter(|&p| p != 0)
-            .ok_or_else(|| LinkError::Unsupported(format!("invalid port {}", request.port)))?;
+            .ok_or(LinkError::InvalidPort(request.port))?;
         let (stream, mut handshake) = if request.rank == 0 {
             let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
             (accept_peer(port, timeout)?, handshake)
@@ -71,12 +86,12 @@ impl CommLink {
                 Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
             let host = request.host_str();
             if host.is_empty() {
-                return Err(LinkError::Unsupported("rank > 0 without a host".into()));
+                return Err(LinkError::NoHost);
             }
             (connect_peer(&host, port)?, handshake)
         };
         stream.set_nodelay(true)?;
-        shell_common::tune_or_log(&stream);
+        crate::tune_or_log(&stream);
         let mut link = CommLink {
             stream,
             rank: request.rank,
@@ -103,7 +118,7 @@ impl CommLink {
     }
 
     /// The pairwise all-reduce of one tensor; returns the sums.
-    pub(crate) fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, LinkError> {
+    pub fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, LinkError> {
         let format = WireFormat::select(true, local.len() as u64);
         let mut machine = PairwiseAllReduce::new(self.rank, local, format)?;
         let deadline = Instant::now() + self.timeout;
@@ -122,6 +137,83 @@ impl CommLink {
             offer(&data, |piece| machine.handle_input(piece))?;
         }
         Ok(machine.into_result()?)
+    }
+}
+
+/// The comm links of one client connection, one per device, and the work the driver asks of
+/// them. Blocks: run it off the event loop.
+#[derive(Debug)]
+pub struct CommLinks {
+    links: HashMap<u32, CommLink>,
+    timeout: Duration,
+}
+
+impl CommLinks {
+    /// No links yet; every wait on a peer is bounded by `timeout`.
+    pub fn new(timeout: Duration) -> CommLinks {
+        CommLinks {
+            links: HashMap::new(),
+            timeout,
+        }
+    }
+
+    /// Runs [`Action::Comm`](proto_core::driver::Action::Comm) work for `conn`. COMM_INIT's
+    /// failure is the soft answer `ok = 0`; COMM_ALLREDUCE's closes the connection, as in the
+    /// reference.
+    pub fn run<B: Backend + ?Sized>(
+        &mut self,
+        work: CommWork,
+        conn: &mut Connection<B>,
+    ) -> proto_core::Result<()> {
+        match work {
+            CommWork::Init(request) => {
+                let device = request.device;
+                let ok = match CommLink::establish(&request, self.timeout) {
+                    Ok(link) => {
+                        tracing::info!(device, rank = link.rank(), "comm link ready");
+                        self.links.insert(device, link);
+                        true
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, device, rank = request.rank, world = request.world, "COMM_INIT failed");
+                        false
+                    }
+                };
+                conn.comm_init_done(device, ok)
+            }
+            CommWork::Allreduce {
+                device,
+                at,
+                elements,
+            } => {
+                let link = self
+                    .links
+                    .get_mut(&device)
+                    .ok_or(LinkError::NoLink(device))?;
+                let len = usize::try_from(elements)
+                    .ok()
+                    .and_then(|n| n.checked_mul(4))
+                    .ok_or(proto_core::Error::SizeOverflow("all-reduce tensor"))?;
+                let backend = conn.backend().clone();
+                let mut bytes = vec![0u8; len];
+                backend.read(at, &mut bytes)?;
+                let local: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let sums = link.allreduce(local)?;
+                for (out, value) in bytes.chunks_exact_mut(4).zip(&sums) {
+                    out.copy_from_slice(&value.to_le_bytes());
+                }
+                backend.write(at, &bytes)
+            }
+            CommWork::Free { device } => {
+                if self.links.remove(&device).is_some() {
+                    tracing::info!(device, "comm link closed");
+                }
+                Ok(())
+            }
+        }
     }
 }
 
