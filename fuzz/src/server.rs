@@ -1,5 +1,5 @@
-//! `server_session`: arbitrary bytes, arbitrarily split, through a [`ServerSession`] and a
-//! [`Dispatcher`] over a small [`MemoryBackend`].
+//! `server_session`: arbitrary bytes, arbitrarily split, through the connection driver every
+//! shell runs ([`Connection`]) over a small [`MemoryBackend`].
 //!
 //! Input layout: `flags: u8`, then [`Splits`], then the byte stream the client "sent".
 //!
@@ -16,18 +16,22 @@
 //! Pieces of odd length are delivered the way a shell with direct socket access delivers
 //! streamed SET_TENSOR data: as much of the piece as the session's
 //! `in_place_capacity` allows goes straight into backend memory through
-//! `Dispatcher::receive_in_place` (in random-sized receives), the rest through `handle_input`.
+//! `Connection::receive_in_place` (in random-sized receives), the rest through `handle_input`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arbitrary::Unstructured;
 use bytes::Bytes;
 use proto_core::backend::MemoryBackend;
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream, MAX_REPLY_CHUNK};
+use proto_core::dispatch::DispatcherConfig;
+use proto_core::driver::{Action, CommWork, Connection, Place};
 use proto_core::graph::GraphLimits;
-use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig, MAX_DATA_CHUNK};
+use proto_core::session::{ServerEvent, ServerSessionConfig, MAX_DATA_CHUNK};
 use proto_core::tensor_cache::MemoryTensorCache;
 use proto_core::wire::{Dialect, ProtocolVersion, RESPONSE_HEADER_SIZE};
+
+/// Events seen, and the streamed-write grammar, shared with the connection's observer.
+type Observed = Arc<Mutex<(usize, StreamCheck)>>;
 
 use crate::{byte, Splits};
 
@@ -73,7 +77,11 @@ impl<'a> ServerInput<'a> {
         let mut u = Unstructured::new(data);
         let flags = byte(&mut u);
         let splits = Splits::read(&mut u);
-        ServerInput { flags, splits, stream: u.take_rest() }
+        ServerInput {
+            flags,
+            splits,
+            stream: u.take_rest(),
+        }
     }
 
     /// Writes the layout.
@@ -105,7 +113,10 @@ struct StreamCheck {
 impl StreamCheck {
     /// Streamed data placed in memory directly, bypassing the events.
     fn placed(&mut self, n: u64) {
-        let remaining = self.remaining.as_mut().expect("in-place data outside a streamed write");
+        let remaining = self
+            .remaining
+            .as_mut()
+            .expect("in-place data outside a streamed write");
         assert!(n <= *remaining, "more in-place data than announced");
         *remaining -= n;
     }
@@ -113,7 +124,10 @@ impl StreamCheck {
     fn observe(&mut self, event: &ServerEvent, max_chunk: usize) {
         match event {
             ServerEvent::Request(request) => {
-                assert!(self.remaining.is_none(), "request {request:?} inside a streamed write");
+                assert!(
+                    self.remaining.is_none(),
+                    "request {request:?} inside a streamed write"
+                );
                 assert!(
                     request.bulk_data().is_none(),
                     "SET_TENSOR / SET_TENSOR_2D must stream, not arrive whole"
@@ -124,9 +138,16 @@ impl StreamCheck {
                 self.remaining = Some(*data_len);
             }
             ServerEvent::TensorData(chunk) => {
-                let remaining = self.remaining.as_mut().expect("data outside a streamed write");
+                let remaining = self
+                    .remaining
+                    .as_mut()
+                    .expect("data outside a streamed write");
                 assert!(!chunk.is_empty(), "empty data chunk");
-                assert!(chunk.len() <= max_chunk, "chunk of {} > max_chunk {max_chunk}", chunk.len());
+                assert!(
+                    chunk.len() <= max_chunk,
+                    "chunk of {} > max_chunk {max_chunk}",
+                    chunk.len()
+                );
                 assert!(chunk.len() as u64 <= *remaining, "more data than announced");
                 *remaining -= chunk.len() as u64;
             }
@@ -138,17 +159,15 @@ impl StreamCheck {
     }
 }
 
-/// The server side of the harness: session, dispatcher and backend built from the flag bits,
-/// with every invariant checked as bytes go through. The seed generator drives it too.
+/// The server side of the harness: the connection and backend built from the flag bits, with
+/// every invariant checked as bytes go through. The seed generator drives it too.
 pub struct Harness {
     flags: u8,
-    max_chunk: usize,
     backend: Arc<MemoryBackend>,
-    dispatcher: Dispatcher<MemoryBackend>,
-    session: ServerSession,
-    check: StreamCheck,
-    expected_out: u64,
-    transmitted: u64,
+    conn: Connection<MemoryBackend>,
+    observed: Observed,
+    /// Response frames the server wrote (a size, then that many bytes).
+    frames: FrameCount,
     stats: ServerStats,
     /// A streamed reply was cut short.
     truncated: bool,
@@ -157,7 +176,11 @@ pub struct Harness {
 impl Harness {
     /// A fresh connection configured by `flags`.
     pub fn new(flags: u8) -> Harness {
-        let dialect = if flags & flag::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
+        let dialect = if flags & flag::V8 != 0 {
+            Dialect::V8
+        } else {
+            Dialect::V7
+        };
         let version = match dialect {
             Dialect::V7 => ProtocolVersion::V7_0_0,
             Dialect::V8 => ProtocolVersion::V8_0_0,
@@ -173,23 +196,31 @@ impl Harness {
             config.memory_quota = Some(1 << 20);
         }
         if flags & flag::SMALL_GRAPHS != 0 {
-            config.graph_limits = GraphLimits { max_nodes: 2, max_tensors: 4 };
+            config.graph_limits = GraphLimits {
+                max_nodes: 2,
+                max_tensors: 4,
+            };
         }
-        let dispatcher = Dispatcher::new(backend.clone(), config).expect("supported version");
-        let session = ServerSession::new(ServerSessionConfig {
+        let session = ServerSessionConfig {
             dialect,
             max_message_size: MAX_MESSAGE_SIZE,
             max_chunk,
+        };
+        let mut conn =
+            Connection::new(backend.clone(), &session, &config, false).expect("supported version");
+        let observed: Observed = Arc::default();
+        let seen = observed.clone();
+        conn.observe(move |event| {
+            let mut seen = seen.lock().expect("no panic while observing");
+            seen.0 += 1;
+            seen.1.observe(event, max_chunk);
         });
         Harness {
             flags,
-            max_chunk,
             backend,
-            dispatcher,
-            session,
-            check: StreamCheck::default(),
-            expected_out: 0,
-            transmitted: 0,
+            conn,
+            observed,
+            frames: FrameCount::default(),
             stats: ServerStats::default(),
             truncated: false,
         }
@@ -207,12 +238,13 @@ impl Harness {
             return out;
         }
         let mut piece = piece;
-        if piece.len() % 2 == 1 && self.session.in_place_capacity() > 0 {
-            let capacity = self.session.in_place_capacity();
+        self.conn.set_direct_io(true);
+        let capacity = self.conn.in_place_capacity();
+        if piece.len() % 2 == 1 && capacity > 0 {
             // a receive may fill only part of the region it is lent
             let want = (piece.len() / 2 + 1).min(capacity as usize);
             let source = piece;
-            let placed = self.dispatcher.receive_in_place(&mut self.session, &mut |dst| {
+            let placed = self.conn.receive_in_place(&mut |dst| {
                 let n = want.min(dst.len());
                 dst[..n].copy_from_slice(&source[..n]);
                 n
@@ -220,7 +252,11 @@ impl Harness {
             match placed {
                 Ok(Some(n)) => {
                     assert!(n as u64 <= capacity, "placed beyond the capacity");
-                    self.check.placed(n as u64);
+                    self.observed
+                        .lock()
+                        .expect("not poisoned")
+                        .1
+                        .placed(n as u64);
                     piece = &piece[n..];
                 }
                 // declined (the tensor cache stores this write): the buffered path
@@ -231,104 +267,68 @@ impl Harness {
                 }
             }
         }
+        // Replies go through the transmit queue, piece by piece.
+        self.conn.set_direct_io(false);
         if !piece.is_empty() {
-            self.session.handle_input(Bytes::copy_from_slice(piece));
+            self.conn.handle_input(Bytes::copy_from_slice(piece));
         }
+        let mut reply_sent = 0u64;
         loop {
-            let event = match self.session.poll_event() {
-                Ok(Some(event)) => event,
-                Ok(None) => break,
+            let action = match self.conn.poll(Place::Blocking) {
+                Ok(action) => action,
                 Err(error) => {
                     // Errors are final.
-                    assert_eq!(self.session.poll_event(), Err(error.clone()), "error not sticky");
+                    let again = self.conn.poll(Place::Blocking).map(|_| ()).unwrap_err();
+                    assert_eq!(again, error, "error not sticky");
                     self.stats.error = Some(error.to_string());
+                    // A shell still writes out the responses owed before the error.
+                    self.drain(&mut out);
                     break;
                 }
             };
-            self.stats.events += 1;
-            self.check.observe(&event, self.max_chunk);
-            let response = match self.dispatcher.handle(event) {
-                Ok(Outcome::Respond(response)) => Some(response),
-                Ok(Outcome::RespondStream(stream)) => {
-                    if !self.stream_reply(stream, &mut out) {
-                        break;
+            match action {
+                Action::Transmit => {
+                    let before = self.frames.bytes;
+                    self.drain(&mut out);
+                    if self.conn.reply_remaining() > 0 {
+                        reply_sent += self.frames.bytes - before;
+                        if reply_sent >= STREAM_PULL_LIMIT {
+                            // The client stops reading a huge reply: the connection ends.
+                            self.stats.error = Some("client stopped reading a reply".into());
+                            self.truncated = true;
+                            break;
+                        }
+                    } else {
+                        reply_sent = 0;
                     }
-                    None
                 }
-                Ok(Outcome::CommInit(request)) => {
+                Action::Comm(CommWork::Init(request)) => {
                     let ok = self.flags & flag::COMM_OK != 0;
-                    Some(self.dispatcher.finish_comm_init(request.device, ok))
+                    if let Err(error) = self.conn.comm_init_done(request.device, ok) {
+                        panic!("COMM_INIT's answer does not fit the session: {error}");
+                    }
                 }
-                Ok(Outcome::Done | Outcome::CommAllreduce { .. } | Outcome::CommFree { .. }) => {
-                    None
+                Action::Comm(CommWork::Allreduce { .. } | CommWork::Free { .. }) => {}
+                Action::Offload | Action::SendInPlace => {
+                    unreachable!("not on Place::Blocking without direct I/O")
                 }
-                Err(error) => {
-                    self.stats.error = Some(error.to_string());
+                Action::Receive(_) => {
+                    // Whatever the session owed was answered, or the connection would stall.
+                    assert_eq!(
+                        self.conn.awaiting_response(),
+                        None,
+                        "a response is owed but none was produced"
+                    );
                     break;
                 }
-            };
-            if let Some(response) = response {
-                self.expected_out += RESPONSE_HEADER_SIZE as u64 + response.payload_len();
-                if let Err(error) = self.session.send_response(&response) {
-                    panic!("the dispatcher's response {response:?} does not fit the session: {error}");
-                }
-                self.stats.responses += 1;
             }
-            // The dispatcher answered whatever the session owed, or the session would stall.
-            assert_eq!(
-                self.session.awaiting_response(),
-                None,
-                "a response is owed but none was produced"
-            );
         }
-        self.drain(&mut out);
         out
     }
 
-    /// Sends a streamed GET_TENSOR / GET_TENSOR_2D reply piece by piece, writing out each piece
-    /// before the next is read, as a shell does. A reply larger than [`STREAM_PULL_LIMIT`] is
-    /// cut short: the client stops reading and the connection ends (the run stops). Returns
-    /// whether the connection goes on.
-    fn stream_reply(&mut self, mut stream: TensorReadStream, out: &mut Vec<u8>) -> bool {
-        let len = stream.len();
-        assert!(len > 0, "an empty reply needs no stream");
-        if let Err(error) =
-            self.session.begin_response_stream(stream.command(), len)
-        {
-            panic!("the dispatcher's {:?} stream does not fit the session: {error}", stream.command());
-        }
-        let mut sent = 0u64;
-        loop {
-            self.drain(out);
-            if sent >= STREAM_PULL_LIMIT && sent < len {
-                self.stats.error = Some(format!("client stopped reading a {len}-byte reply"));
-                self.truncated = true;
-                return false;
-            }
-            match self.dispatcher.read_chunk(&mut stream) {
-                Ok(Some(piece)) => {
-                    assert!(!piece.is_empty() && piece.len() as u64 <= MAX_REPLY_CHUNK);
-                    sent += piece.len() as u64;
-                    assert!(sent <= len, "streamed more than announced");
-                    self.session.send_response_data(piece).expect("piece fits the reply");
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    self.stats.error = Some(error.to_string());
-                    self.truncated = true;
-                    return false;
-                }
-            }
-        }
-        assert_eq!(sent, len, "streamed reply shorter than announced");
-        self.expected_out += RESPONSE_HEADER_SIZE as u64 + len;
-        self.stats.responses += 1;
-        true
-    }
-
     fn drain(&mut self, out: &mut Vec<u8>) {
-        while let Some(bytes) = self.session.poll_transmit() {
-            self.transmitted += bytes.len() as u64;
+        while let Some(bytes) = self.conn.poll_transmit() {
+            self.frames.feed(&bytes);
             // Keep the server's bytes for the caller, except the bulk of huge replies.
             if out.len() < 1 << 20 {
                 out.extend_from_slice(&bytes);
@@ -339,22 +339,72 @@ impl Harness {
     /// Ends the connection and checks that it released everything.
     pub fn finish(mut self) -> ServerStats {
         if !self.truncated {
-            assert_eq!(
-                self.transmitted, self.expected_out,
-                "transmitted bytes differ from the responses"
+            assert!(
+                self.frames.whole(),
+                "the server wrote part of a response frame"
             );
         }
         if self.flags & flag::EOF != 0 && !self.failed() {
-            if let Err(error) = self.session.handle_eof() {
+            if let Err(error) = self.conn.handle_eof() {
                 self.stats.error = Some(error.to_string());
             }
         }
         let backend = self.backend.clone();
-        drop(self.session);
-        drop(self.dispatcher);
-        assert_eq!(backend.live_buffers(), 0, "buffers leaked after the connection closed");
+        drop(self.conn);
+        assert_eq!(
+            backend.live_buffers(),
+            0,
+            "buffers leaked after the connection closed"
+        );
         assert_eq!(backend.used_bytes(), 0);
+        self.stats.events = self.observed.lock().expect("not poisoned").0;
+        self.stats.responses = self.frames.frames;
         self.stats
+    }
+}
+
+/// Splits the server's bytes into response frames (`size: u64`, then `size` bytes).
+#[derive(Debug, Default)]
+struct FrameCount {
+    /// Bytes seen.
+    bytes: u64,
+    /// Complete frames.
+    frames: usize,
+    header: Vec<u8>,
+    /// Payload bytes still due in the current frame.
+    payload_left: u64,
+}
+
+impl FrameCount {
+    fn feed(&mut self, mut data: &[u8]) {
+        self.bytes += data.len() as u64;
+        while !data.is_empty() {
+            if self.payload_left > 0 {
+                let take = self.payload_left.min(data.len() as u64) as usize;
+                self.payload_left -= take as u64;
+                data = &data[take..];
+                if self.payload_left == 0 {
+                    self.frames += 1;
+                }
+                continue;
+            }
+            let take = (RESPONSE_HEADER_SIZE - self.header.len()).min(data.len());
+            self.header.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.header.len() == RESPONSE_HEADER_SIZE {
+                let size = u64::from_le_bytes(self.header[..8].try_into().expect("8 bytes"));
+                self.header.clear();
+                if size == 0 {
+                    self.frames += 1;
+                } else {
+                    self.payload_left = size;
+                }
+            }
+        }
+    }
+
+    fn whole(&self) -> bool {
+        self.header.is_empty() && self.payload_left == 0
     }
 }
 

@@ -95,7 +95,10 @@ impl<B: Backend + ?Sized> Pair<B> {
         config: DispatcherConfig,
         seed: u64,
     ) -> Pair<B> {
-        let dialect = config.version.dialect().expect("a supported server version");
+        let dialect = config
+            .version
+            .dialect()
+            .expect("a supported server version");
         let session = ServerSessionConfig::new(dialect);
         Pair {
             client: ClientSession::new(client_version, [0; 24]).expect("a supported version"),
@@ -233,7 +236,9 @@ impl<B: Backend + ?Sized> Pair<B> {
 
     /// Sends a request that has a response and returns it.
     pub fn call(&mut self, request: Request) -> Response {
-        self.client.send(&request).expect("a request the client can send");
+        self.client
+            .send(&request)
+            .expect("a request the client can send");
         let events = self.drive().expect("the client accepts the answer");
         match events.as_slice() {
             [ClientEvent::Response(response)] => response.clone(),
@@ -246,7 +251,9 @@ impl<B: Backend + ?Sized> Pair<B> {
 
     /// Sends a request without a response.
     pub fn cast(&mut self, request: Request) {
-        self.client.send(&request).expect("a request the client can send");
+        self.client
+            .send(&request)
+            .expect("a request the client can send");
         let events = self.drive().expect("the client stays healthy");
         assert!(events.is_empty(), "no answer expected, got {events:?}");
     }

@@ -464,7 +464,10 @@ fn in_place_misuse_is_an_error_not_a_corruption() {
             .unwrap(),
         None
     );
-    assert_eq!(pair.server.send_in_place(&mut |_| unreachable!()).unwrap(), Some(0));
+    assert_eq!(
+        pair.server.send_in_place(&mut |_| unreachable!()).unwrap(),
+        Some(0)
+    );
 
     // a SET_TENSOR header without its data: the write streams, nothing buffered
     let (buffer, base) = pair.alloc(4096);

@@ -12,10 +12,10 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use proto_core::backend::Backend;
 use proto_core::comm::{
     CommError, Handshake, HandshakeEvent, LinkVariant, PairwiseAllReduce, WireFormat,
 };
-use proto_core::backend::Backend;
 use proto_core::driver::{CommWork, Connection};
 use proto_core::wire::CommInitRequest;
 
@@ -70,10 +70,7 @@ impl CommLink {
     }
 
     /// Sets up the link that COMM_INIT asks for (world 2: the 8.0.0 link).
-    pub fn establish(
-        request: &CommInitRequest,
-        timeout: Duration,
-    ) -> Result<CommLink, LinkError> {
+    pub fn establish(request: &CommInitRequest, timeout: Duration) -> Result<CommLink, LinkError> {
         let port = u16::try_from(request.port)
             .ok()
             .filter(|&p| p != 0)

@@ -26,11 +26,11 @@ pub mod same_host;
 pub mod shell;
 
 pub use cache_dir::FsTensorCache;
+pub use comm_link::CommLinks;
 pub use config::{
     ConnectionConfig, ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS,
     DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
 };
 pub use direct::Direct;
-pub use comm_link::CommLinks;
 pub use low_water::LowWater;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};

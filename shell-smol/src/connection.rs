@@ -242,9 +242,8 @@ async fn receive_direct(
     loop {
         stream.readable().await?;
         let mut outcome = None;
-        let lent = conn.receive_in_place(&mut |dst| {
-            record(stream.get_ref().read(dst), &mut outcome)
-        })?;
+        let lent =
+            conn.receive_in_place(&mut |dst| record(stream.get_ref().read(dst), &mut outcome))?;
         if let Some(direct) = direct::received(lent, outcome)? {
             return Ok(direct);
         }

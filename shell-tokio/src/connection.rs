@@ -41,8 +41,8 @@ use shell_common::direct::{self, record};
 use shell_common::{CommLinks, Direct};
 
 pub use shell_common::shell::{Closed, ConnectionError};
-pub use shell_common::ConnectionConfig;
 use shell_common::shell::{FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
+pub use shell_common::ConnectionConfig;
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +204,8 @@ where
                         Direct::Declined => {}
                     }
                 }
-                let (chunk, eof) = read_chunk(stream, shell_common::shell::stream_read_size(remaining)).await?;
+                let (chunk, eof) =
+                    read_chunk(stream, shell_common::shell::stream_read_size(remaining)).await?;
                 if !chunk.is_empty() {
                     conn.handle_input(chunk);
                 }

@@ -868,8 +868,7 @@ impl Loop {
         };
         // During a streamed write the heavy work is a data chunk.
         let remaining = core.conn.stream_remaining();
-        if matches!(work, Work::Heavy) && remaining > 0 && conn.op.is_none()
-        {
+        if matches!(work, Work::Heavy) && remaining > 0 && conn.op.is_none() {
             let want = usize::try_from(remaining)
                 .unwrap_or(usize::MAX)
                 .min(self.shared.stream_chunk);
@@ -1218,7 +1217,9 @@ struct Closing {
 impl Closing {
     /// Whether freeing what the client holds would stall the ring.
     fn heavy_to_free(&self) -> bool {
-        self.core.as_ref().is_some_and(|core| core.conn.heavy_to_free())
+        self.core
+            .as_ref()
+            .is_some_and(|core| core.conn.heavy_to_free())
     }
 
     /// Frees the client's buffers, closes the socket, logs the ending.

@@ -122,6 +122,11 @@ pub struct Connection<B: Backend + ?Sized = dyn Backend> {
     /// Whether the shell can lend the backend's memory to its socket and the backend agreed
     /// so far (it is asked once per reply).
     lend: bool,
+    /// The error that failed the connection: every later poll returns it.
+    failed: Option<Error>,
+    /// Sees every event before it runs (fuzz targets check the session's event grammar).
+    #[cfg(feature = "testing")]
+    observer: Option<Box<dyn FnMut(&ServerEvent) + Send>>,
 }
 
 impl<B: Backend + ?Sized> std::fmt::Debug for Connection<B> {
@@ -155,6 +160,9 @@ impl<B: Backend + ?Sized> Connection<B> {
             parked: None,
             comm: None,
             lend: direct_io,
+            failed: None,
+            #[cfg(feature = "testing")]
+            observer: None,
         })
     }
 
@@ -162,6 +170,17 @@ impl<B: Backend + ?Sized> Connection<B> {
     /// memory (see [`new`](Self::new)).
     pub fn set_direct_io(&mut self, direct_io: bool) {
         self.lend = direct_io;
+    }
+
+    /// Calls `observer` with every event before it runs (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn observe(&mut self, observer: impl FnMut(&ServerEvent) + Send + 'static) {
+        self.observer = Some(Box::new(observer));
+    }
+
+    /// The command whose response is owed, if one is.
+    pub fn awaiting_response(&self) -> Option<crate::wire::Command> {
+        self.session.awaiting_response()
     }
 
     /// Appends bytes read from the client.
@@ -219,6 +238,17 @@ impl<B: Backend + ?Sized> Connection<B> {
     /// it with [`Action::Offload`]; on [`Place::Blocking`] everything runs, and it stops after
     /// each reply piece so the shell can write it while nothing else is held.
     pub fn poll(&mut self, place: Place) -> Result<Action> {
+        if let Some(error) = &self.failed {
+            return Err(error.clone());
+        }
+        let result = self.poll_inner(place);
+        if let Err(error) = &result {
+            self.failed = Some(error.clone());
+        }
+        result
+    }
+
+    fn poll_inner(&mut self, place: Place) -> Result<Action> {
         loop {
             if let Some(event) = self.parked.take() {
                 if place == Place::EventLoop {
@@ -290,6 +320,10 @@ impl<B: Backend + ?Sized> Connection<B> {
     }
 
     fn execute(&mut self, event: ServerEvent) -> Result<()> {
+        #[cfg(feature = "testing")]
+        if let Some(observer) = self.observer.as_mut() {
+            observer(&event);
+        }
         match self.dispatcher.handle(event)? {
             Outcome::Done => {}
             Outcome::Respond(response) => self.session.send_response(&response)?,
