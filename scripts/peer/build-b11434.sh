@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and install the llama.cpp b11434 peer (ggml RPC protocol 7.0.0) into
 #   ${GGML_RPC_PEER_CACHE:-/var/cache/ggml-rpc-peer}/b11434/
-# Idempotent: exits at once when .complete exists. See scripts/peer/README.md.
+# Idempotent: exits at once when .complete exists and the build was made for this CPU's
+# extensions ($DEST/cpu-features). See scripts/peer/README.md.
 set -euo pipefail
 
 # shellcheck source=lib.sh
@@ -27,17 +28,21 @@ LLAMA_B11434_SRC=$DEST/src
 EOF
 }
 
-if [ -f "$DEST/.complete" ]; then
-    peer_log "already installed: $DEST"
+if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then
+    peer_log "already installed: $DEST ($(cat "$DEST/cpu-features"))"
     print_summary
     exit 0
 fi
 
 peer_lock "$TAG"
-if [ -f "$DEST/.complete" ]; then  # another caller finished while we waited
+if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then  # finished while we waited
     peer_log "already installed (by a concurrent run): $DEST"
     print_summary
     exit 0
+fi
+if [ -f "$DEST/.complete" ]; then
+    peer_log "cached build was made for other CPU extensions ($(cat "$DEST/cpu-features" 2>/dev/null || echo unknown)); rebuilding for: $(peer_cpu_features)"
+    rm -f "$DEST/.complete"
 fi
 
 t_start=$(date +%s)
@@ -95,7 +100,9 @@ fi
 # --- configure -------------------------------------------------------------
 BUILD="$WORK/build"
 t0=$(date +%s)
-# AMX is advertised by some CI CPUs but faults (SIGILL): never use GGML_NATIVE.
+# Every extension this CPU reports, as GGML_NATIVE would pick, but never AMX (advertised by
+# some CI CPUs, then faulting with SIGILL): see peer_isa_cmake_args.
+# shellcheck disable=SC2046
 cmake -S "$SRC" -B "$BUILD" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON \
@@ -106,12 +113,10 @@ cmake -S "$SRC" -B "$BUILD" -G Ninja \
     -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_CURL=OFF \
-    -DGGML_NATIVE=OFF \
-    -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
-    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+    $(peer_isa_cmake_args) \
     > "$WORK/configure.log" 2>&1 \
     || { tail -40 "$WORK/configure.log" >&2; peer_die "cmake configure failed (log: $WORK/configure.log)"; }
-peer_log "configured in $(( $(date +%s) - t0 ))s"
+peer_log "configured in $(( $(date +%s) - t0 ))s for CPU extensions: $(peer_cpu_features)"
 
 # --- build only what we need ----------------------------------------------
 ninja -C "$BUILD" -t targets all > "$WORK/targets.txt"
@@ -173,6 +178,7 @@ peer_kill "$server_pid"; server_pid=""
 trap - EXIT
 peer_log "smoke test ok on port $port: $out"
 
+peer_cpu_features > "$DEST/cpu-features"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$DEST/.complete"
 peer_log "installed $TAG in $(( $(date +%s) - t_start ))s: $DEST"
 ls "$DEST/bin" >&2

@@ -37,3 +37,43 @@ peer_kill() {
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
 }
+
+# The x86 ISA extensions ggml can use, as "cpuinfo-flag:GGML_OPTION" pairs. AMX is never
+# enabled: some CI CPUs advertise it and then fault.
+PEER_ISA_OPTIONS=(
+    sse4_2:GGML_SSE42 avx:GGML_AVX avx_vnni:GGML_AVX_VNNI avx2:GGML_AVX2 bmi2:GGML_BMI2
+    fma:GGML_FMA f16c:GGML_F16C avx512f:GGML_AVX512 avx512_vbmi:GGML_AVX512_VBMI
+    avx512_vnni:GGML_AVX512_VNNI avx512_bf16:GGML_AVX512_BF16
+)
+
+# peer_cpu_features: the extensions of PEER_ISA_OPTIONS this CPU reports (what GGML_NATIVE
+# would pick, less AMX), one line, in table order. Recorded with each built peer
+# ($DEST/cpu-features) so benchmarks can print what they compare against, and so a cache built
+# on another CPU is rebuilt instead of dying with SIGILL.
+peer_cpu_features() {
+    local flags pair out=()
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+    for pair in "${PEER_ISA_OPTIONS[@]}"; do
+        case "$flags" in *" ${pair%%:*} "*) out+=("${pair%%:*}") ;; esac
+    done
+    echo "${out[*]}"
+}
+
+# peer_isa_cmake_args: -DGGML_...=ON|OFF for every option of PEER_ISA_OPTIONS, as this CPU
+# reports, with GGML_NATIVE and AMX off.
+peer_isa_cmake_args() {
+    local features pair args=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    features=" $(peer_cpu_features) "
+    for pair in "${PEER_ISA_OPTIONS[@]}"; do
+        case "$features" in
+            *" ${pair%%:*} "*) args+=("-D${pair#*:}=ON") ;;
+            *) args+=("-D${pair#*:}=OFF") ;;
+        esac
+    done
+    echo "${args[*]}"
+}
+
+# peer_built_for_this_cpu DEST: whether DEST was built for the extensions this CPU has.
+peer_built_for_this_cpu() {
+    [ -f "$1/cpu-features" ] && [ "$(cat "$1/cpu-features")" = "$(peer_cpu_features)" ]
+}

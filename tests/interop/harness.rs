@@ -573,46 +573,66 @@ impl Drop for OurServer {
 /// places where llama.cpp's script needs a command. Built once per test process.
 pub fn our_server_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.current_dir(workspace_root()).args([
-            "build",
-            "-p",
-            "ggml-rpc-server",
-            "--bin",
-            "ggml-rpc-server",
-        ]);
-        // The profile this test binary was built with (target/<profile>/deps/...).
-        match target_profile_dir().file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                command.arg("--release");
-            }
-            Some(other) => {
-                command.args(["--profile", other]);
-            }
+    BIN.get_or_init(|| build_target("ggml-rpc-server", "--bin", "ggml-rpc-server"))
+        .clone()
+}
+
+/// Builds (debug, same target directory) and returns proto-core's `blocking_server` example,
+/// the canonical loop around the connection driver. Built once per test process.
+pub fn blocking_server_example() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build_target("proto-core", "--example", "blocking_server"))
+        .clone()
+}
+
+/// `cargo build -p PACKAGE KIND NAME` in this test binary's profile and target directory;
+/// returns the executable.
+fn build_target(package: &str, kind: &str, name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace_root())
+        .args(["build", "-p", package, kind, name]);
+    // The profile this test binary was built with (target/<profile>/deps/...).
+    match target_profile_dir().file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            command.arg("--release");
         }
-        // Same target directory as this test binary (also when CARGO_TARGET_DIR is unset).
-        let target_dir = target_profile_dir()
-            .parent()
-            .expect("target dir")
-            .to_path_buf();
-        command.env("CARGO_TARGET_DIR", &target_dir);
-        let (status, output) = run_with_timeout(
-            "cargo build -p ggml-rpc-server",
-            &mut command,
-            Duration::from_secs(900),
-        );
-        assert!(
-            status.success(),
-            "cargo build -p ggml-rpc-server failed:\n{output}"
-        );
-        let bin = target_profile_dir().join("ggml-rpc-server");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
+        Some(other) => {
+            command.args(["--profile", other]);
+        }
+    }
+    // Same target directory as this test binary (also when CARGO_TARGET_DIR is unset).
+    let target_dir = target_profile_dir()
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
+    command.env("CARGO_TARGET_DIR", &target_dir);
+    let what = format!("cargo build -p {package} {kind} {name}");
+    let (status, output) = run_with_timeout(&what, &mut command, Duration::from_secs(900));
+    assert!(status.success(), "{what} failed:\n{output}");
+    let bin = match kind {
+        "--example" => target_profile_dir().join("examples").join(name),
+        _ => target_profile_dir().join(name),
+    };
+    assert!(bin.exists(), "{} missing after the build", bin.display());
+    bin
+}
+
+/// Starts `program ARGS... 127.0.0.1:PORT ...` (the address given by `args(port)`) on a free
+/// port and waits until it listens.
+pub fn start_program(
+    name: &str,
+    program: &Path,
+    logs: &Path,
+    args: impl Fn(u16) -> Vec<String>,
+) -> (Proc, SocketAddr) {
+    start_on_free_port(name, logs, name, |port| {
+        let mut command = Command::new(program);
+        command.args(args(port));
+        command
     })
-    .clone()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -143,6 +143,28 @@ fn llama_multi_server_script_against_our_server_protocol_7() {
     }
 }
 
+/// proto-core's `blocking_server` example (the canonical loop around the connection driver, on
+/// `std::net` and the in-memory backend) serves llama.cpp's own client: every memory command,
+/// a 64 MiB tensor both ways, graph compute and recompute.
+#[test]
+fn llama_c_client_against_the_blocking_server_example() {
+    let peer = harness::b11434();
+    let logs = tempfile::tempdir().expect("tempdir");
+    let example = harness::blocking_server_example();
+    let (mut server, addr) =
+        harness::start_program("blocking_server", &example, logs.path(), |port| {
+            vec![format!("127.0.0.1:{port}"), "7".into()]
+        });
+    let output = harness::run_c_check(
+        &peer,
+        &addr.to_string(),
+        &["--big", "64"],
+        "the blocking_server example",
+    );
+    assert!(facts(&output).len() > 3, "fact lines expected:\n{output}");
+    server.assert_alive("after the C check");
+}
+
 #[test]
 fn llama_c_client_against_our_server_protocol_7() {
     let peer = harness::b11434();
