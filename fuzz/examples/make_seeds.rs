@@ -51,17 +51,9 @@ struct Conversation {
 
 impl Conversation {
     fn new(flags: u8) -> Conversation {
-        let dialect = if flags & flag::V8 != 0 {
-            Dialect::V8
-        } else {
-            Dialect::V7
-        };
-        let mut conversation = Conversation {
-            flags,
-            dialect,
-            harness: Harness::new(flags),
-            stream: Vec::new(),
-        };
+        let dialect = if flags & flag::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
+        let mut conversation =
+            Conversation { flags, dialect, harness: Harness::new(flags), stream: Vec::new() };
         let hello = conversation.send(&Request::Hello { caps: [0; 24] });
         assert_eq!(hello.len(), 36);
         conversation
@@ -75,10 +67,7 @@ impl Conversation {
     fn send(&mut self, request: &Request) -> Vec<u8> {
         let frame = request.to_frame(self.dialect).expect("encodes");
         let out = self.send_bytes(&frame);
-        assert!(
-            !self.harness.failed(),
-            "{request:?} failed while writing seeds"
-        );
+        assert!(!self.harness.failed(), "{request:?} failed while writing seeds");
         out
     }
 
@@ -92,12 +81,7 @@ impl Conversation {
 
     fn seed(self, splits: Splits) -> Vec<u8> {
         self.harness.finish();
-        ServerInput {
-            flags: self.flags,
-            splits,
-            stream: &self.stream,
-        }
-        .encode()
+        ServerInput { flags: self.flags, splits, stream: &self.stream }.encode()
     }
 }
 
@@ -110,35 +94,21 @@ fn f32_tensor(id: u64, buffer: u64, data: u64, elements: u32) -> RpcTensor {
 
 fn set_tensor(tensor: &RpcTensor, offset: u64, data: Vec<u8>, cache_flag: u8) -> Request {
     Request::SetTensor {
-        header: Box::new(SetTensorHeader {
-            tensor: tensor.clone(),
-            cache_flag,
-            offset,
-        }),
+        header: Box::new(SetTensorHeader { tensor: tensor.clone(), cache_flag, offset }),
         data: Bytes::from(data),
     }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 fn server_seeds(seeds: &mut Seeds) {
     // The everyday conversation: HELLO, queries, ALLOC, SET, GET, MEMSET, COPY, CLEAR, FREE.
     for (name, flags, splits) in [
         ("v8_hello_alloc_set_get", flag::V8, Splits::default()),
-        (
-            "v7_hello_alloc_set_get_split",
-            2 << flag::CHUNK_SHIFT,
-            Splits(vec![0, 4, 299, 8]),
-        ),
-        (
-            "v8_byte_by_byte_eof",
-            flag::V8 | flag::EOF | (1 << flag::CHUNK_SHIFT),
-            Splits(vec![0]),
-        ),
+        ("v7_hello_alloc_set_get_split", 2 << flag::CHUNK_SHIFT, Splits(vec![0, 4, 299, 8])),
+        ("v8_byte_by_byte_eof", flag::V8 | flag::EOF | (1 << flag::CHUNK_SHIFT), Splits(vec![0])),
     ] {
         let mut c = Conversation::new(flags);
         c.send(&Request::DeviceCount);
@@ -149,29 +119,11 @@ fn server_seeds(seeds: &mut Seeds) {
         let a = f32_tensor(1, buffer, base, 64);
         let b = f32_tensor(2, buffer, base + 256, 64);
         c.send(&set_tensor(&a, 0, pattern(256, 1), 0));
-        c.send(&Request::GetTensor {
-            tensor: Box::new(a.clone()),
-            offset: 8,
-            size: 16,
-        });
-        c.send(&Request::MemsetTensor {
-            tensor: Box::new(a.clone()),
-            offset: 4,
-            size: 8,
-            value: 0xee,
-        });
-        c.send(&Request::CopyTensor {
-            src: Box::new(a.clone()),
-            dst: Box::new(b.clone()),
-        });
-        c.send(&Request::GetTensor {
-            tensor: Box::new(b.clone()),
-            offset: 0,
-            size: 256,
-        });
-        c.send(&Request::InitTensor {
-            tensor: Box::new(b.clone()),
-        });
+        c.send(&Request::GetTensor { tensor: Box::new(a.clone()), offset: 8, size: 16 });
+        c.send(&Request::MemsetTensor { tensor: Box::new(a.clone()), offset: 4, size: 8, value: 0xee });
+        c.send(&Request::CopyTensor { src: Box::new(a.clone()), dst: Box::new(b.clone()) });
+        c.send(&Request::GetTensor { tensor: Box::new(b.clone()), offset: 0, size: 256 });
+        c.send(&Request::InitTensor { tensor: Box::new(b.clone()) });
         c.send(&Request::GetAllocSize(Box::new(AllocSizeRequest {
             device: 0,
             tensor: b.clone(),
@@ -189,50 +141,22 @@ fn server_seeds(seeds: &mut Seeds) {
     let data = pattern(1024, 3);
     let hash = fnv1a64(&data);
     c.send(&set_tensor(&t, 0, data, 1));
-    let hit = c.send(&Request::SetTensorHash {
-        tensor: Box::new(t.clone()),
-        offset: 0,
-        hash,
-    });
+    let hit = c.send(&Request::SetTensorHash { tensor: Box::new(t.clone()), offset: 0, hash });
     assert_eq!(hit[8], 1);
-    c.send(&Request::SetTensorHash {
-        tensor: Box::new(t),
-        offset: 0,
-        hash: hash ^ 1,
-    });
-    seeds.write(
-        "server_session",
-        "v8_tensor_cache",
-        &c.seed(Splits(vec![100])),
-    );
+    c.send(&Request::SetTensorHash { tensor: Box::new(t), offset: 0, hash: hash ^ 1 });
+    seeds.write("server_session", "v8_tensor_cache", &c.seed(Splits(vec![100])));
 
     // 2D rows, delivered one byte per chunk.
     let mut c = Conversation::new(flag::V8 | (1 << flag::CHUNK_SHIFT));
     let (buffer, base) = c.alloc(4096);
     let t = f32_tensor(1, buffer, base, 256);
-    let rows = Tensor2dHeader {
-        tensor: t,
-        offset: 16,
-        size: 8,
-        n_copies: 3,
-        stride: 32,
-    };
-    c.send(&Request::SetTensor2d {
-        header: Box::new(rows.clone()),
-        data: Bytes::from(vec![7u8; 24]),
-    });
+    let rows = Tensor2dHeader { tensor: t, offset: 16, size: 8, n_copies: 3, stride: 32 };
+    c.send(&Request::SetTensor2d { header: Box::new(rows.clone()), data: Bytes::from(vec![7u8; 24]) });
     c.send(&Request::GetTensor2d(Box::new(rows)));
-    seeds.write(
-        "server_session",
-        "v8_set_get_2d",
-        &c.seed(Splits::default()),
-    );
+    seeds.write("server_session", "v8_set_get_2d", &c.seed(Splits::default()));
 
     // GRAPH_COMPUTE and GRAPH_RECOMPUTE, both dialects.
-    for (name, flags) in [
-        ("v8_graph_compute_recompute", flag::V8),
-        ("v7_graph_compute_recompute", 0),
-    ] {
+    for (name, flags) in [("v8_graph_compute_recompute", flag::V8), ("v7_graph_compute_recompute", 0)] {
         let mut c = Conversation::new(flags);
         let (buffer, base) = c.alloc(8192);
         let request = sample_graph(c.dialect, 2, buffer, base);
@@ -246,17 +170,9 @@ fn server_seeds(seeds: &mut Seeds) {
     // Graph limits: three nodes where two are allowed.
     let mut c = Conversation::new(flag::V8 | flag::SMALL_GRAPHS);
     let (buffer, base) = c.alloc(8192);
-    c.send_bytes(
-        &Request::GraphCompute(Box::new(sample_graph(Dialect::V8, 1, buffer, base)))
-            .to_frame(Dialect::V8)
-            .unwrap(),
-    );
+    c.send_bytes(&Request::GraphCompute(Box::new(sample_graph(Dialect::V8, 1, buffer, base))).to_frame(Dialect::V8).unwrap());
     assert!(c.harness.failed());
-    seeds.write(
-        "server_session",
-        "v8_graph_over_limits",
-        &c.seed(Splits::default()),
-    );
+    seeds.write("server_session", "v8_graph_over_limits", &c.seed(Splits::default()));
 
     // The comm commands (the link itself is simulated as succeeding).
     let mut c = Conversation::new(flag::V8 | flag::COMM_OK);
@@ -279,34 +195,16 @@ fn server_seeds(seeds: &mut Seeds) {
         host,
     })));
     assert_eq!(ok[8], 1);
-    c.send(&Request::CommAllreduce {
-        device: 0,
-        tensor: Box::new(f32_tensor(1, buffer, base, 64)),
-    });
+    c.send(&Request::CommAllreduce { device: 0, tensor: Box::new(f32_tensor(1, buffer, base, 64)) });
     c.send(&Request::CommFree { device: 0 });
-    seeds.write(
-        "server_session",
-        "v8_comm_init_allreduce_free",
-        &c.seed(Splits::default()),
-    );
+    seeds.write("server_session", "v8_comm_init_allreduce_free", &c.seed(Splits::default()));
 
     // A quota hit.
     let mut c = Conversation::new(flag::V8 | flag::QUOTA);
     c.alloc(512 << 10);
-    c.send_bytes(
-        &Request::AllocBuffer {
-            device: 0,
-            size: 1 << 20,
-        }
-        .to_frame(Dialect::V8)
-        .unwrap(),
-    );
+    c.send_bytes(&Request::AllocBuffer { device: 0, size: 1 << 20 }.to_frame(Dialect::V8).unwrap());
     assert!(c.harness.failed());
-    seeds.write(
-        "server_session",
-        "v8_quota_exceeded",
-        &c.seed(Splits::default()),
-    );
+    seeds.write("server_session", "v8_quota_exceeded", &c.seed(Splits::default()));
 
     // Errors at the door and in the middle of a stream.
     let mut c = Conversation::new(flag::V8 | flag::EOF);
@@ -315,46 +213,27 @@ fn server_seeds(seeds: &mut Seeds) {
         .to_frame(Dialect::V8)
         .unwrap();
     c.send_bytes(&frame[..frame.len() - 990]);
-    seeds.write(
-        "server_session",
-        "v8_eof_mid_set_tensor",
-        &c.seed(Splits(vec![3])),
-    );
+    seeds.write("server_session", "v8_eof_mid_set_tensor", &c.seed(Splits(vec![3])));
     let first = Request::DeviceCount.to_frame(Dialect::V8).unwrap();
     seeds.write(
         "server_session",
         "hello_expected",
-        &ServerInput {
-            flags: flag::V8,
-            splits: Splits::default(),
-            stream: &first,
-        }
-        .encode(),
+        &ServerInput { flags: flag::V8, splits: Splits::default(), stream: &first }.encode(),
     );
 }
 
 fn fake_reply(command: Command, len: u64, version: ProtocolVersion) -> Vec<u8> {
     let response = match command {
-        Command::Hello => Response::Hello {
-            version,
-            flags: 0,
-            caps: [0; 24],
-        },
+        Command::Hello => Response::Hello { version, flags: 0, caps: [0; 24] },
         Command::DeviceCount => Response::DeviceCount(2),
-        Command::AllocBuffer => Response::AllocBuffer {
-            remote_ptr: 0x9e37_79b9_7f4a_7c15,
-            remote_size: 4096,
-        },
+        Command::AllocBuffer => Response::AllocBuffer { remote_ptr: 0x9e37_79b9_7f4a_7c15, remote_size: 4096 },
         Command::GetAlignment => Response::Alignment(32),
         Command::GetMaxSize => Response::MaxSize(1 << 30),
         Command::BufferGetBase => Response::BufferBase(0x1000_0000_0000),
         Command::SetTensorHash => Response::SetTensorHash(1),
         Command::GetTensor => Response::TensorData(Bytes::from(pattern(len as usize, 5))),
         Command::CopyTensor => Response::CopyTensor(1),
-        Command::GetDeviceMemory => Response::DeviceMemory {
-            free: 1 << 29,
-            total: 1 << 30,
-        },
+        Command::GetDeviceMemory => Response::DeviceMemory { free: 1 << 29, total: 1 << 30 },
         Command::GetAllocSize => Response::AllocSize(256),
         Command::GetTensor2d => Response::Tensor2dData(Bytes::from(pattern(len as usize, 6))),
         Command::CommInit => Response::CommInit(1),
@@ -364,11 +243,7 @@ fn fake_reply(command: Command, len: u64, version: ProtocolVersion) -> Vec<u8> {
 }
 
 /// Replies a well-behaved server would send to `requests` (HELLO first).
-fn replies(
-    version: ProtocolVersion,
-    server: ProtocolVersion,
-    requests: &[RequestShape],
-) -> Vec<u8> {
+fn replies(version: ProtocolVersion, server: ProtocolVersion, requests: &[RequestShape]) -> Vec<u8> {
     let dialect = version.dialect().unwrap();
     let mut out = fake_reply(Command::Hello, 28, server);
     for shape in requests {
@@ -398,83 +273,36 @@ fn client_seeds(seeds: &mut Seeds) {
     use RequestShape::*;
     let every = vec![
         DeviceCount,
-        AllocBuffer {
-            device: 0,
-            size: 4096,
-        },
+        AllocBuffer { device: 0, size: 4096 },
         GetAlignment { device: 0 },
         GetMaxSize { device: 1 },
         GetDeviceMemory { device: 0 },
-        BufferGetBase {
-            buffer: 0x9e37_79b9_7f4a_7c15,
-        },
+        BufferGetBase { buffer: 0x9e37_79b9_7f4a_7c15 },
         SetTensor { len: 16 },
         SetTensorHash { hash: 42 },
-        GetTensor {
-            offset: 0,
-            size: 16,
-        },
+        GetTensor { offset: 0, size: 16 },
         CopyTensor,
         GetAllocSize,
         GraphCompute { n: 2, uid: 7 },
         GraphRecompute { uid: 7 },
-        SetTensor2d {
-            size: 4,
-            n_copies: 2,
-        },
-        GetTensor2d {
-            size: 4,
-            n_copies: 3,
-        },
+        SetTensor2d { size: 4, n_copies: 2 },
+        GetTensor2d { size: 4, n_copies: 3 },
         CommInit { rank: 1, world: 2 },
     ];
     let cases: Vec<(&str, u8, u8, Vec<RequestShape>, Splits)> = vec![
-        (
-            "v8_pipelined_everything",
-            1,
-            1,
-            every.clone(),
-            Splits::default(),
-        ),
-        (
-            "v8_pipelined_small_pieces",
-            1,
-            1,
-            every.clone(),
-            Splits(vec![0, 1, 6, 30]),
-        ),
+        ("v8_pipelined_everything", 1, 1, every.clone(), Splits::default()),
+        ("v8_pipelined_small_pieces", 1, 1, every.clone(), Splits(vec![0, 1, 6, 30])),
         ("v7_pipelined", 0, 0, every[..12].to_vec(), Splits(vec![2])),
-        (
-            "v8_client_v7_server",
-            1,
-            0,
-            vec![DeviceCount],
-            Splits::default(),
-        ),
-        (
-            "v8_huge_get_tensor",
-            1,
-            1,
-            vec![GetTensorHuge { size: u64::MAX - 7 }],
-            Splits::default(),
-        ),
+        ("v8_client_v7_server", 1, 0, vec![DeviceCount], Splits::default()),
+        ("v8_huge_get_tensor", 1, 1, vec![GetTensorHuge { size: u64::MAX - 7 }], Splits::default()),
         ("v8_newer_minor_refused", 1, 3, vec![], Splits::default()),
     ];
     for (name, version, server_minor_or_major, requests, splits) in cases {
-        let input = ClientInput {
-            version,
-            requests: requests.clone(),
-            splits: splits.clone(),
-            replies: &[],
-        };
+        let input = ClientInput { version, requests: requests.clone(), splits: splits.clone(), replies: &[] };
         let ours = input.protocol_version();
         let server = match (name, server_minor_or_major) {
             ("v8_client_v7_server", _) => ProtocolVersion::V7_0_0,
-            ("v8_newer_minor_refused", minor) => ProtocolVersion {
-                major: 8,
-                minor,
-                patch: 0,
-            },
+            ("v8_newer_minor_refused", minor) => ProtocolVersion { major: 8, minor, patch: 0 },
             _ => ours,
         };
         let mut reply = replies(ours, server, &requests);
@@ -482,30 +310,16 @@ fn client_seeds(seeds: &mut Seeds) {
             reply.extend((u64::MAX - 7).to_le_bytes());
             reply.extend([0u8; 64]);
         }
-        let bytes = ClientInput {
-            replies: &reply,
-            ..input
-        }
-        .encode();
+        let bytes = ClientInput { replies: &reply, ..input }.encode();
         seeds.write("client_session", name, &bytes);
     }
     // Truncated and unsolicited replies.
     let reply = replies(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, &every);
-    let input = ClientInput {
-        version: 1,
-        requests: every.clone(),
-        splits: Splits(vec![9]),
-        replies: &reply[..reply.len() - 5],
-    };
+    let input = ClientInput { version: 1, requests: every.clone(), splits: Splits(vec![9]), replies: &reply[..reply.len() - 5] };
     seeds.write("client_session", "v8_truncated", &input.encode());
     let mut reply = replies(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, &[]);
     reply.extend(fake_reply(Command::DeviceCount, 4, ProtocolVersion::V8_0_0));
-    let input = ClientInput {
-        version: 1,
-        requests: vec![],
-        splits: Splits::default(),
-        replies: &reply,
-    };
+    let input = ClientInput { version: 1, requests: vec![], splits: Splits::default(), replies: &reply };
     seeds.write("client_session", "v8_unsolicited", &input.encode());
 }
 
@@ -515,25 +329,16 @@ fn compute_seeds(seeds: &mut Seeds) {
     use proto_core_fuzz::compute::{ComputeInput, TensorSpec};
     // TYPES indices
     let (f32_, f16_, i32_, q8_0, q4_0) = (0u8, 1u8, 3u8, 5u8, 6u8);
-    let leaf = |ty: u8, ne: [u8; 4], offset: u16| TensorSpec {
-        op: 0,
+    let leaf = |ty: u8, ne: [u8; 4], offset: u16| TensorSpec { op: 0, ty, ne, layout: 0, offset, srcs: [0; 4], params: [0; 16] };
+    let node = |op: Op, ty: u8, ne: [u8; 4], offset: u16, srcs: [u8; 4], params: [i32; 16]| TensorSpec {
+        op: (op.0 + 1) as u8,
         ty,
         ne,
         layout: 0,
         offset,
-        srcs: [0; 4],
-        params: [0; 16],
+        srcs,
+        params,
     };
-    let node =
-        |op: Op, ty: u8, ne: [u8; 4], offset: u16, srcs: [u8; 4], params: [i32; 16]| TensorSpec {
-            op: (op.0 + 1) as u8,
-            ty,
-            ne,
-            layout: 0,
-            offset,
-            srcs,
-            params,
-        };
     let f = |v: f32| v.to_bits() as i32;
     let mut rope = [0i32; 16];
     rope[1] = 32;
@@ -546,75 +351,16 @@ fn compute_seeds(seeds: &mut Seeds) {
     let mut softmax = [0i32; 16];
     softmax[0] = f(0.5);
     let graphs: Vec<(&str, Vec<TensorSpec>)> = vec![
-        (
-            "mul_mat_f32",
-            vec![
-                leaf(f32_, [32, 4, 1, 1], 0),
-                leaf(f32_, [32, 3, 1, 1], 64),
-                node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16]),
-            ],
-        ),
-        (
-            "mul_mat_q4_0",
-            vec![
-                leaf(q4_0, [1, 4, 1, 1], 0),
-                leaf(f32_, [32, 3, 1, 1], 64),
-                node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16]),
-            ],
-        ),
-        (
-            "soft_max",
-            vec![
-                leaf(f32_, [32, 4, 1, 1], 0),
-                node(Op::SOFT_MAX, f32_, [32, 4, 1, 1], 64, [1, 0, 0, 0], softmax),
-            ],
-        ),
-        (
-            "rope",
-            vec![
-                leaf(f32_, [32, 2, 3, 1], 0),
-                leaf(i32_, [3, 1, 1, 1], 64),
-                node(Op::ROPE, f32_, [32, 2, 3, 1], 128, [1, 2, 0, 0], rope),
-            ],
-        ),
-        (
-            "ssm_conv",
-            vec![
-                leaf(f32_, [7, 8, 1, 1], 0),
-                leaf(f32_, [4, 8, 1, 1], 64),
-                node(Op::SSM_CONV, f32_, [8, 4, 1, 1], 128, [1, 2, 0, 0], [0; 16]),
-            ],
-        ),
-        (
-            "cpy_f32_f16_then_add",
-            vec![
-                leaf(f32_, [32, 4, 1, 1], 0),
-                node(Op::CPY, f16_, [32, 4, 1, 1], 64, [1, 0, 0, 0], [0; 16]),
-                node(Op::ADD, f32_, [32, 4, 1, 1], 128, [1, 1, 0, 0], [0; 16]),
-            ],
-        ),
-        (
-            "get_rows_q8_0_refused_ids",
-            vec![
-                leaf(q8_0, [1, 5, 1, 1], 0),
-                leaf(i32_, [3, 1, 1, 1], 64),
-                node(
-                    Op::GET_ROWS,
-                    f32_,
-                    [32, 3, 1, 1],
-                    128,
-                    [1, 2, 0, 0],
-                    [0; 16],
-                ),
-            ],
-        ),
+        ("mul_mat_f32", vec![leaf(f32_, [32, 4, 1, 1], 0), leaf(f32_, [32, 3, 1, 1], 64), node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("mul_mat_q4_0", vec![leaf(q4_0, [1, 4, 1, 1], 0), leaf(f32_, [32, 3, 1, 1], 64), node(Op::MUL_MAT, f32_, [4, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("soft_max", vec![leaf(f32_, [32, 4, 1, 1], 0), node(Op::SOFT_MAX, f32_, [32, 4, 1, 1], 64, [1, 0, 0, 0], softmax)]),
+        ("rope", vec![leaf(f32_, [32, 2, 3, 1], 0), leaf(i32_, [3, 1, 1, 1], 64), node(Op::ROPE, f32_, [32, 2, 3, 1], 128, [1, 2, 0, 0], rope)]),
+        ("ssm_conv", vec![leaf(f32_, [7, 8, 1, 1], 0), leaf(f32_, [4, 8, 1, 1], 64), node(Op::SSM_CONV, f32_, [8, 4, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
+        ("cpy_f32_f16_then_add", vec![leaf(f32_, [32, 4, 1, 1], 0), node(Op::CPY, f16_, [32, 4, 1, 1], 64, [1, 0, 0, 0], [0; 16]), node(Op::ADD, f32_, [32, 4, 1, 1], 128, [1, 1, 0, 0], [0; 16])]),
+        ("get_rows_q8_0_refused_ids", vec![leaf(q8_0, [1, 5, 1, 1], 0), leaf(i32_, [3, 1, 1, 1], 64), node(Op::GET_ROWS, f32_, [32, 3, 1, 1], 128, [1, 2, 0, 0], [0; 16])]),
     ];
     for (name, tensors) in graphs {
-        let input = ComputeInput {
-            threads: 1,
-            fill: 0x5eed,
-            tensors,
-        };
+        let input = ComputeInput { threads: 1, fill: 0x5eed, tensors };
         seeds.write("graph_compute", name, &input.encode());
     }
 }
@@ -630,11 +376,7 @@ fn graph_seeds(seeds: &mut Seeds) {
         let mut payload = bytes::BytesMut::new();
         request.encode(dialect, &mut payload);
         payload.extend_from_slice(&vec![0xab; trailing]);
-        let mode = if dialect == Dialect::V8 {
-            graph::mode::V8
-        } else {
-            0
-        };
+        let mode = if dialect == Dialect::V8 { graph::mode::V8 } else { 0 };
         let mut bytes = vec![mode];
         bytes.extend_from_slice(&payload);
         seeds.write("graph_decode", name, &bytes);
@@ -650,25 +392,12 @@ fn graph_seeds(seeds: &mut Seeds) {
     request.tensors.push(view);
     let mut payload = bytes::BytesMut::new();
     request.encode(Dialect::V8, &mut payload);
-    seeds.write(
-        "graph_decode",
-        "raw_v8_nodes_out_of_order",
-        &[&[graph::mode::V8][..], &payload].concat(),
-    );
+    seeds.write("graph_decode", "raw_v8_nodes_out_of_order", &[&[graph::mode::V8][..], &payload].concat());
     // Counts larger than the payload.
-    seeds.write(
-        "graph_decode",
-        "raw_v7_counts_too_large",
-        &[0, 0, 0, 0, 0, 255, 255, 255, 255, 1, 2, 3],
-    );
+    seeds.write("graph_decode", "raw_v7_counts_too_large", &[0, 0, 0, 0, 0, 255, 255, 255, 255, 1, 2, 3]);
     // Structured inputs: any bytes describe some graph.
     for (name, seed) in [("structured_v8_a", 11u8), ("structured_v7_b", 97)] {
-        let mode = graph::mode::STRUCTURED
-            | if name.contains("v8") {
-                graph::mode::V8
-            } else {
-                0
-            };
+        let mode = graph::mode::STRUCTURED | if name.contains("v8") { graph::mode::V8 } else { 0 };
         let mut bytes = vec![mode];
         bytes.extend(pattern(300, seed).iter().map(|b| b % 13));
         seeds.write("graph_decode", name, &bytes);
@@ -690,62 +419,24 @@ fn boot_seeds(seeds: &mut Seeds) {
     let cases = [
         ("honest_w2_s1", honest(2, 1, vec![])),
         ("honest_w3_s0", honest(3, 0, vec![])),
-        (
-            "honest_w4_s16_interleaved",
-            honest(4, 16, (0..64).map(|i| (i * 37 % 251) as u8).collect()),
-        ),
-        (
-            "honest_w8_s64_byte_pieces",
-            honest(
-                8,
-                64,
-                (0..200)
-                    .map(|i| if i % 2 == 1 { 0 } else { i as u8 })
-                    .collect(),
-            ),
-        ),
+        ("honest_w4_s16_interleaved", honest(4, 16, (0..64).map(|i| (i * 37 % 251) as u8).collect())),
+        ("honest_w8_s64_byte_pieces", honest(8, 64, (0..200).map(|i| if i % 2 == 1 { 0 } else { i as u8 }).collect())),
         ("honest_w8_nccl_sized", honest(8, 64, vec![])),
         (
             "extra_from_peer",
-            BootInput {
-                garbage: Garbage::ExtraFromPeer,
-                a: 1,
-                len: 2,
-                bytes: vec![1, 2, 3],
-                ..honest(3, 8, vec![0, 3, 1, 200])
-            },
+            BootInput { garbage: Garbage::ExtraFromPeer, a: 1, len: 2, bytes: vec![1, 2, 3], ..honest(3, 8, vec![0, 3, 1, 200]) },
         ),
         (
             "wrong_sender_root",
-            BootInput {
-                garbage: Garbage::WrongSender,
-                a: 0,
-                b: 1,
-                len: 1,
-                bytes: vec![9, 9],
-                ..honest(4, 4, vec![])
-            },
+            BootInput { garbage: Garbage::WrongSender, a: 0, b: 1, len: 1, bytes: vec![9, 9], ..honest(4, 4, vec![]) },
         ),
         (
             "early_close_leaf",
-            BootInput {
-                garbage: Garbage::EarlyClose,
-                a: 2,
-                b: 0,
-                len: 0,
-                bytes: vec![0],
-                ..honest(3, 5, vec![])
-            },
+            BootInput { garbage: Garbage::EarlyClose, a: 2, b: 0, len: 0, bytes: vec![0], ..honest(3, 5, vec![]) },
         ),
         (
             "surplus_from_root",
-            BootInput {
-                garbage: Garbage::SurplusFromRoot,
-                a: 0,
-                len: 3,
-                bytes: vec![7, 7, 7, 7],
-                ..honest(2, 6, vec![1, 1, 0, 255])
-            },
+            BootInput { garbage: Garbage::SurplusFromRoot, a: 0, len: 3, bytes: vec![7, 7, 7, 7], ..honest(2, 6, vec![1, 1, 0, 255]) },
         ),
     ];
     for (name, input) in cases {
@@ -768,79 +459,29 @@ fn sample_requests(dialect: Dialect) -> Vec<Request> {
     vec![
         Request::Hello { caps: [0; 24] },
         Request::DeviceCount,
-        Request::AllocBuffer {
-            device: 0,
-            size: 4096,
-        },
+        Request::AllocBuffer { device: 0, size: 4096 },
         Request::GetAlignment { device: 0 },
         Request::GetMaxSize { device: 0 },
         Request::BufferGetBase { buffer: t.buffer },
         Request::FreeBuffer { buffer: t.buffer },
-        Request::BufferClear {
-            buffer: t.buffer,
-            value: 0,
-        },
+        Request::BufferClear { buffer: t.buffer, value: 0 },
         set_tensor(&t, 0, pattern(32, 1), 0),
-        Request::SetTensorHash {
-            tensor: bt(),
-            offset: 0,
-            hash: 0xcbf2_9ce4_8422_2325,
-        },
-        Request::GetTensor {
-            tensor: bt(),
-            offset: 0,
-            size: 256,
-        },
-        Request::CopyTensor {
-            src: bt(),
-            dst: bt(),
-        },
+        Request::SetTensorHash { tensor: bt(), offset: 0, hash: 0xcbf2_9ce4_8422_2325 },
+        Request::GetTensor { tensor: bt(), offset: 0, size: 256 },
+        Request::CopyTensor { src: bt(), dst: bt() },
         Request::GraphCompute(Box::new(sample_graph(dialect, 1, handle, base))),
         Request::GetDeviceMemory { device: 1 },
         Request::InitTensor { tensor: bt() },
-        Request::GetAllocSize(Box::new(AllocSizeRequest {
-            device: 0,
-            tensor: t.clone(),
-            srcs: Default::default(),
-        })),
-        Request::GraphRecompute {
-            device: 0,
-            uid: if dialect == Dialect::V8 { 42 } else { 0 },
-        },
-        Request::MemsetTensor {
-            tensor: bt(),
-            offset: 0,
-            size: 16,
-            value: 1,
-        },
+        Request::GetAllocSize(Box::new(AllocSizeRequest { device: 0, tensor: t.clone(), srcs: Default::default() })),
+        Request::GraphRecompute { device: 0, uid: if dialect == Dialect::V8 { 42 } else { 0 } },
+        Request::MemsetTensor { tensor: bt(), offset: 0, size: 16, value: 1 },
         Request::SetTensor2d {
-            header: Box::new(Tensor2dHeader {
-                tensor: t.clone(),
-                offset: 0,
-                size: 4,
-                n_copies: 2,
-                stride: 16,
-            }),
+            header: Box::new(Tensor2dHeader { tensor: t.clone(), offset: 0, size: 4, n_copies: 2, stride: 16 }),
             data: Bytes::from(vec![1u8; 8]),
         },
-        Request::GetTensor2d(Box::new(Tensor2dHeader {
-            tensor: t.clone(),
-            offset: 0,
-            size: 4,
-            n_copies: 2,
-            stride: 16,
-        })),
-        Request::CommInit(Box::new(CommInitRequest {
-            device: 0,
-            rank: 1,
-            world: 2,
-            port: 50052,
-            host,
-        })),
-        Request::CommAllreduce {
-            device: 0,
-            tensor: bt(),
-        },
+        Request::GetTensor2d(Box::new(Tensor2dHeader { tensor: t.clone(), offset: 0, size: 4, n_copies: 2, stride: 16 })),
+        Request::CommInit(Box::new(CommInitRequest { device: 0, rank: 1, world: 2, port: 50052, host })),
+        Request::CommAllreduce { device: 0, tensor: bt() },
         Request::CommFree { device: 0 },
     ]
 }
@@ -854,11 +495,7 @@ fn round_trip_seeds(seeds: &mut Seeds) {
             let frame = request.to_frame(dialect).unwrap();
             let mut bytes = vec![raw_request_selector(dialect)];
             bytes.extend_from_slice(&frame);
-            let name = format!(
-                "req_{}_{:?}",
-                if dialect == Dialect::V8 { "v8" } else { "v7" },
-                request.command()
-            );
+            let name = format!("req_{}_{:?}", if dialect == Dialect::V8 { "v8" } else { "v7" }, request.command());
             seeds.write("round_trip", &name, &bytes);
         }
     }
@@ -873,10 +510,7 @@ fn round_trip_seeds(seeds: &mut Seeds) {
         seeds.write("round_trip", &format!("resp_{command:?}"), &bytes);
     }
     // Typed modes read any bytes.
-    for (name, selector) in [
-        ("typed_request_v8", mirror::mode::REQUEST | mirror::mode::V8),
-        ("typed_response", mirror::mode::RESPONSE),
-    ] {
+    for (name, selector) in [("typed_request_v8", mirror::mode::REQUEST | mirror::mode::V8), ("typed_response", mirror::mode::RESPONSE)] {
         let mut bytes = vec![selector];
         bytes.extend(pattern(400, 17));
         seeds.write("round_trip", name, &bytes);
@@ -896,10 +530,7 @@ fn hex_decode(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 fn template(text: &str) -> Option<Vec<Piece>> {
@@ -927,11 +558,7 @@ fn template(text: &str) -> Option<Vec<Piece>> {
             None => 0,
             Some(sign) => {
                 let magnitude: i64 = offset[1..].parse().ok()?;
-                if sign == '-' {
-                    -magnitude
-                } else {
-                    magnitude
-                }
+                if sign == '-' { -magnitude } else { magnitude }
             }
         };
         pieces.push(Piece::Value(name.to_owned(), offset));
@@ -945,11 +572,7 @@ fn render(pieces: &[Piece], bindings: &BTreeMap<String, u64>) -> Vec<u8> {
         match piece {
             Piece::Bytes(bytes) => out.extend_from_slice(bytes),
             Piece::Value(name, offset) => {
-                let value = bindings
-                    .get(name)
-                    .copied()
-                    .unwrap_or(0)
-                    .wrapping_add(*offset as u64);
+                let value = bindings.get(name).copied().unwrap_or(0).wrapping_add(*offset as u64);
                 out.extend(value.to_le_bytes());
             }
             Piece::Any => out.extend([0u8; 8]),
@@ -967,8 +590,7 @@ fn capture(pieces: &[Piece], actual: &[u8], bindings: &mut BTreeMap<String, u64>
             Piece::Any => at += 8,
             Piece::Value(name, offset) => {
                 if let Some(raw) = actual.get(at..at + 8) {
-                    let value =
-                        u64::from_le_bytes(raw.try_into().unwrap()).wrapping_sub(*offset as u64);
+                    let value = u64::from_le_bytes(raw.try_into().unwrap()).wrapping_sub(*offset as u64);
                     bindings.entry(name.clone()).or_insert(value);
                 }
                 at += 8;
@@ -978,23 +600,15 @@ fn capture(pieces: &[Piece], actual: &[u8], bindings: &mut BTreeMap<String, u64>
 }
 
 fn command_named(name: &str) -> Option<Command> {
-    let wanted: String = name
-        .trim_start_matches("RPC_CMD_")
-        .chars()
-        .filter(|c| *c != '_')
-        .collect();
-    Command::ALL
-        .into_iter()
-        .find(|c| format!("{c:?}").eq_ignore_ascii_case(&wanted))
+    let wanted: String = name.trim_start_matches("RPC_CMD_").chars().filter(|c| *c != '_').collect();
+    Command::ALL.into_iter().find(|c| format!("{c:?}").eq_ignore_ascii_case(&wanted))
 }
 
 fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(folder) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else {
-            continue;
-        };
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
@@ -1007,12 +621,8 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
     files.sort();
     let mut used = 0;
     for path in files {
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        let Ok(vector) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Ok(vector) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let field = |key: &str| vector.get(key).and_then(|v| v.as_str()).unwrap_or("");
         let dialect = match field("protocol") {
             "7.0.0" => Dialect::V7,
@@ -1023,100 +633,54 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
         let name = format!("vec_{}", field("name").replace(['/', ' '], "_"));
         match (field("level"), field("direction")) {
             ("frame", "client_to_server") => {
-                let Some(frame) = hex_decode(field("hex")) else {
-                    continue;
-                };
-                seeds.write(
-                    "round_trip",
-                    &name,
-                    &[&[raw_request_selector(dialect)][..], &frame].concat(),
-                );
-                let mut stream = Request::Hello { caps: [0; 24] }
-                    .to_frame(dialect)
-                    .unwrap()
-                    .to_vec();
+                let Some(frame) = hex_decode(field("hex")) else { continue };
+                seeds.write("round_trip", &name, &[&[raw_request_selector(dialect)][..], &frame].concat());
+                let mut stream = Request::Hello { caps: [0; 24] }.to_frame(dialect).unwrap().to_vec();
                 if frame.first() == Some(&Command::Hello.id()) {
                     stream.clear();
                 }
                 stream.extend_from_slice(&frame);
-                let input = ServerInput {
-                    flags: v8,
-                    splits: Splits::default(),
-                    stream: &stream,
-                };
+                let input = ServerInput { flags: v8, splits: Splits::default(), stream: &stream };
                 seeds.write("server_session", &name, &input.encode());
                 used += 1;
             }
             ("frame", "server_to_client") => {
-                let Some(frame) = hex_decode(field("hex")) else {
-                    continue;
-                };
+                let Some(frame) = hex_decode(field("hex")) else { continue };
                 let command = vector
                     .get("request")
                     .and_then(|r| r.get("command"))
                     .and_then(|c| c.as_str())
                     .or(vector.get("command").and_then(|c| c.as_str()))
                     .and_then(command_named);
-                let Some(command) = command.filter(|c| c.has_response()) else {
-                    continue;
-                };
-                seeds.write(
-                    "round_trip",
-                    &name,
-                    &[&[raw_response_selector(command)][..], &frame].concat(),
-                );
+                let Some(command) = command.filter(|c| c.has_response()) else { continue };
+                seeds.write("round_trip", &name, &[&[raw_response_selector(command)][..], &frame].concat());
                 used += 1;
             }
             ("session", _) => {
                 let server = vector.get("server");
                 let flag_if = |key: &str, bit: u8| {
-                    let set = server
-                        .and_then(|s| s.get(key))
-                        .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false));
-                    if set {
-                        bit
-                    } else {
-                        0
-                    }
+                    let set = server.and_then(|s| s.get(key)).is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false));
+                    if set { bit } else { 0 }
                 };
                 let final_step = vector.get("final");
-                let eof = final_step
-                    .and_then(|f| f.get("eof"))
-                    .and_then(|e| e.as_bool())
-                    .unwrap_or(false);
-                let flags = v8
-                    | flag_if("tensor_cache", flag::CACHE)
-                    | flag_if("memory_quota", flag::QUOTA)
+                let eof = final_step.and_then(|f| f.get("eof")).and_then(|e| e.as_bool()).unwrap_or(false);
+                let flags = v8 | flag_if("tensor_cache", flag::CACHE) | flag_if("memory_quota", flag::QUOTA)
                     | if eof { flag::EOF } else { 0 };
                 let mut harness = Harness::new(flags);
                 let mut stream = Vec::new();
                 let mut bindings = BTreeMap::new();
-                let steps = vector
-                    .get("steps")
-                    .and_then(|s| s.as_array())
-                    .cloned()
-                    .unwrap_or_default();
+                let steps = vector.get("steps").and_then(|s| s.as_array()).cloned().unwrap_or_default();
                 let mut ok = true;
                 for step in &steps {
                     let send = step.get("send").and_then(|s| s.as_str()).and_then(template);
-                    let expect = step
-                        .get("expect")
-                        .and_then(|s| s.as_str())
-                        .and_then(template);
-                    let (Some(send), Some(expect)) = (send, expect) else {
-                        ok = false;
-                        break;
-                    };
+                    let expect = step.get("expect").and_then(|s| s.as_str()).and_then(template);
+                    let (Some(send), Some(expect)) = (send, expect) else { ok = false; break };
                     let bytes = render(&send, &bindings);
                     stream.extend_from_slice(&bytes);
                     let out = harness.feed(&bytes);
                     capture(&expect, &out, &mut bindings);
                 }
-                if let Some(send) = final_step
-                    .and_then(|f| f.get("send"))
-                    .and_then(|s| s.as_str())
-                    .and_then(template)
-                {
+                if let Some(send) = final_step.and_then(|f| f.get("send")).and_then(|s| s.as_str()).and_then(template) {
                     let bytes = render(&send, &bindings);
                     stream.extend_from_slice(&bytes);
                     harness.feed(&bytes);
@@ -1125,11 +689,7 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
                 if !ok {
                     continue;
                 }
-                let input = ServerInput {
-                    flags,
-                    splits: Splits::default(),
-                    stream: &stream,
-                };
+                let input = ServerInput { flags, splits: Splits::default(), stream: &stream };
                 seeds.write("server_session", &name, &input.encode());
                 used += 1;
             }
@@ -1142,47 +702,28 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
 fn main() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     // Usage: make_seeds [VECTORS_DIR [SEEDS_DIR]]
-    let root = std::env::args()
-        .nth(2)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("seeds"));
-    let mut seeds = Seeds {
-        root,
-        written: BTreeMap::new(),
-    };
+    let root = std::env::args().nth(2).map(PathBuf::from).unwrap_or_else(|| manifest.join("seeds"));
+    let mut seeds = Seeds { root, written: BTreeMap::new() };
     server_seeds(&mut seeds);
     client_seeds(&mut seeds);
     graph_seeds(&mut seeds);
     compute_seeds(&mut seeds);
     boot_seeds(&mut seeds);
     round_trip_seeds(&mut seeds);
-    let vectors = std::env::args()
-        .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../tests/vectors"));
+    let vectors = std::env::args().nth(1).map(PathBuf::from).unwrap_or_else(|| manifest.join("../tests/vectors"));
     let from_vectors = vector_seeds(&mut seeds, &vectors);
-    println!(
-        "seeds from {} test vectors in {}",
-        from_vectors,
-        vectors.display()
-    );
+    println!("seeds from {} test vectors in {}", from_vectors, vectors.display());
 
     // Every seed must run through its harness without breaking an invariant.
     for (target, run) in [
-        (
-            "server_session",
-            (|d: &[u8]| drop(server::run(d))) as fn(&[u8]),
-        ),
+        ("server_session", (|d: &[u8]| drop(server::run(d))) as fn(&[u8])),
         ("client_session", |d| drop(client::run(d))),
         ("graph_decode", |d| drop(graph::run(d))),
         ("bootstrap", |d| drop(boot::run(d))),
         ("round_trip", mirror::run),
         ("graph_compute", |d| drop(proto_core_fuzz::compute::run(d))),
     ] {
-        let mut entries: Vec<_> = std::fs::read_dir(seeds.root.join(target))
-            .unwrap()
-            .flatten()
-            .collect();
+        let mut entries: Vec<_> = std::fs::read_dir(seeds.root.join(target)).unwrap().flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
             run(&std::fs::read(entry.path()).unwrap());

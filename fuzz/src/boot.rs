@@ -76,17 +76,7 @@ impl BootInput {
         };
         let (a, b, len) = (byte(&mut u), byte(&mut u), byte(&mut u));
         let bytes = (0..1 + len % 16).map(|_| byte(&mut u)).collect();
-        BootInput {
-            world,
-            size,
-            salt,
-            garbage,
-            a,
-            b,
-            len,
-            bytes,
-            schedule: u.take_rest().to_vec(),
-        }
+        BootInput { world, size, salt, garbage, a, b, len, bytes, schedule: u.take_rest().to_vec() }
     }
 
     /// Writes the layout (`bytes` must hold `1 + len % 16` bytes).
@@ -138,26 +128,14 @@ pub fn run(data: &[u8]) -> BootOutcome {
     let blocks: Vec<Vec<u8>> = (0..world).map(|r| block(r, size, input.salt)).collect();
     let expected: Vec<u8> = blocks.concat();
     let mut nodes: Vec<BootstrapExchange> = (0..world)
-        .map(|r| {
-            BootstrapExchange::new(r, world, blocks[r as usize].clone(), LIMIT).expect("valid")
-        })
+        .map(|r| BootstrapExchange::new(r, world, blocks[r as usize].clone(), LIMIT).expect("valid"))
         .collect();
     // pipes[2(r−1)]: r → 0, pipes[2(r−1) + 1]: 0 → r.
     let mut pipes: Vec<Pipe> = (1..world)
         .flat_map(|r| {
             [
-                Pipe {
-                    from: r,
-                    to: 0,
-                    bytes: VecDeque::new(),
-                    stuck: false,
-                },
-                Pipe {
-                    from: 0,
-                    to: r,
-                    bytes: VecDeque::new(),
-                    stuck: false,
-                },
+                Pipe { from: r, to: 0, bytes: VecDeque::new(), stuck: false },
+                Pipe { from: 0, to: r, bytes: VecDeque::new(), stuck: false },
             ]
         })
         .collect();
@@ -191,22 +169,12 @@ pub fn run(data: &[u8]) -> BootOutcome {
             }
             while let Some(transmit) = nodes[r as usize].poll_transmit() {
                 let to = transmit.peer.expect("bootstrap transmits are addressed");
-                assert!(
-                    to < world && to != r && (r == 0 || to == 0),
-                    "{r} sent to {to}"
-                );
+                assert!(to < world && to != r && (r == 0 || to == 0), "{r} sent to {to}");
                 if r == 0 {
                     assert!(!sent_to[to as usize], "array sent twice to {to}");
                     sent_to[to as usize] = true;
-                    assert_eq!(
-                        &transmit.data[..],
-                        &expected[..],
-                        "rank 0 broadcast a wrong array"
-                    );
-                    assert!(
-                        to == 1 || sent_to[to as usize - 1],
-                        "broadcast out of rank order"
-                    );
+                    assert_eq!(&transmit.data[..], &expected[..], "rank 0 broadcast a wrong array");
+                    assert!(to == 1 || sent_to[to as usize - 1], "broadcast out of rank order");
                 } else {
                     assert_eq!(&transmit.data[..], &blocks[r as usize][..]);
                 }
@@ -245,21 +213,14 @@ pub fn run(data: &[u8]) -> BootOutcome {
         };
         step += 1;
         let pipe = &mut pipes[open[choice]];
-        let len = if piece < 128 {
-            1 + usize::from(piece) % 32
-        } else {
-            usize::MAX
-        };
+        let len = if piece < 128 { 1 + usize::from(piece) % 32 } else { usize::MAX };
         let len = len.min(pipe.bytes.len());
         let offered: Vec<u8> = pipe.bytes.iter().take(len).copied().collect();
         let node = &mut nodes[pipe.to as usize];
         let wanted = node.wanted(pipe.from);
         match node.handle_input(pipe.from, &offered) {
             Ok(n) => {
-                assert!(
-                    n <= offered.len() && n <= wanted,
-                    "consumed {n} of {len}, wanted {wanted}"
-                );
+                assert!(n <= offered.len() && n <= wanted, "consumed {n} of {len}, wanted {wanted}");
                 pipe.bytes.drain(..n);
                 if n == 0 {
                     pipe.stuck = true;
@@ -269,11 +230,7 @@ pub fn run(data: &[u8]) -> BootOutcome {
             }
             Err(error) => {
                 assert_eq!(node.error(), Some(&error));
-                assert_eq!(
-                    node.handle_input(pipe.from, &offered),
-                    Err(error.clone()),
-                    "sticky"
-                );
+                assert_eq!(node.handle_input(pipe.from, &offered), Err(error.clone()), "sticky");
                 assert!(node.poll_transmit().is_none(), "a failed rank transmits");
                 pipe.stuck = true;
             }
@@ -297,12 +254,7 @@ pub fn run(data: &[u8]) -> BootOutcome {
                 if input.garbage == Garbage::SurplusFromRoot && i == pipe_of(0, peer) {
                     assert!(pipe.bytes.iter().eq(input.bytes.iter()), "surplus consumed");
                 } else {
-                    assert!(
-                        pipe.bytes.is_empty(),
-                        "bytes left on {}→{}",
-                        pipe.from,
-                        pipe.to
-                    );
+                    assert!(pipe.bytes.is_empty(), "bytes left on {}→{}", pipe.from, pipe.to);
                 }
             }
             for node in nodes {
@@ -316,17 +268,8 @@ pub fn run(data: &[u8]) -> BootOutcome {
             }
         }
         Garbage::ExtraFromPeer => {
-            assert_eq!(
-                errors[0],
-                Some(CommError::UnexpectedData { peer }),
-                "extra bytes accepted"
-            );
-            assert!(nodes
-                .into_iter()
-                .next()
-                .expect("rank 0")
-                .into_result()
-                .is_err());
+            assert_eq!(errors[0], Some(CommError::UnexpectedData { peer }), "extra bytes accepted");
+            assert!(nodes.into_iter().next().expect("rank 0").into_result().is_err());
         }
         Garbage::WrongSender | Garbage::EarlyClose => {
             assert!(injected);
@@ -370,25 +313,14 @@ fn inject(
             true
         }
         Garbage::EarlyClose => {
-            let peer = if victim == 0 {
-                1 + u32::from(input.b) % (world - 1)
-            } else {
-                0
-            };
-            let finished = if victim == 0 {
-                sent_to[peer as usize]
-            } else {
-                node.is_done()
-            };
+            let peer = if victim == 0 { 1 + u32::from(input.b) % (world - 1) } else { 0 };
+            let finished = if victim == 0 { sent_to[peer as usize] } else { node.is_done() };
             let result = node.handle_close(peer);
             match (failed_before, finished) {
                 (Some(error), _) => assert_eq!(result, Err(error)),
                 (None, true) => assert_eq!(result, Ok(())),
                 (None, false) => {
-                    assert_eq!(
-                        result,
-                        Err(CommError::ConnectionClosed { peer: Some(peer) })
-                    )
+                    assert_eq!(result, Err(CommError::ConnectionClosed { peer: Some(peer) }))
                 }
             }
             true

@@ -91,46 +91,25 @@ impl<'a> Arbitrary<'a> for RequestShape {
         use RequestShape::*;
         Ok(match byte(u) % SHAPES {
             0 => DeviceCount,
-            1 => AllocBuffer {
-                device: byte(u),
-                size: u32_of(u),
-            },
+            1 => AllocBuffer { device: byte(u), size: u32_of(u) },
             2 => GetAlignment { device: byte(u) },
             3 => GetMaxSize { device: byte(u) },
             4 => GetDeviceMemory { device: byte(u) },
             5 => BufferGetBase { buffer: u64_of(u) },
             6 => FreeBuffer { buffer: u64_of(u) },
-            7 => BufferClear {
-                buffer: u64_of(u),
-                value: byte(u),
-            },
+            7 => BufferClear { buffer: u64_of(u), value: byte(u) },
             8 => SetTensor { len: byte(u) },
             9 => SetTensorHash { hash: u64_of(u) },
-            10 => GetTensor {
-                offset: u16_of(u),
-                size: u16_of(u),
-            },
+            10 => GetTensor { offset: u16_of(u), size: u16_of(u) },
             11 => GetTensorHuge { size: u64_of(u) },
             12 => CopyTensor,
             13 => GetAllocSize,
-            14 => GraphCompute {
-                n: byte(u),
-                uid: byte(u),
-            },
+            14 => GraphCompute { n: byte(u), uid: byte(u) },
             15 => GraphRecompute { uid: byte(u) },
             16 => MemsetTensor { size: byte(u) },
-            17 => SetTensor2d {
-                size: byte(u),
-                n_copies: byte(u),
-            },
-            18 => GetTensor2d {
-                size: u16_of(u),
-                n_copies: u16_of(u),
-            },
-            19 => CommInit {
-                rank: byte(u),
-                world: byte(u),
-            },
+            17 => SetTensor2d { size: byte(u), n_copies: byte(u) },
+            18 => GetTensor2d { size: u16_of(u), n_copies: u16_of(u) },
+            19 => CommInit { rank: byte(u), world: byte(u) },
             20 => CommAllreduce,
             21 => CommFree,
             _ => InitTensor,
@@ -184,49 +163,25 @@ impl RequestShape {
         };
         match *self {
             DeviceCount => Request::DeviceCount,
-            AllocBuffer { device, size } => Request::AllocBuffer {
-                device: device.into(),
-                size: size.into(),
-            },
-            GetAlignment { device } => Request::GetAlignment {
-                device: device.into(),
-            },
-            GetMaxSize { device } => Request::GetMaxSize {
-                device: device.into(),
-            },
-            GetDeviceMemory { device } => Request::GetDeviceMemory {
-                device: device.into(),
-            },
+            AllocBuffer { device, size } => {
+                Request::AllocBuffer { device: device.into(), size: size.into() }
+            }
+            GetAlignment { device } => Request::GetAlignment { device: device.into() },
+            GetMaxSize { device } => Request::GetMaxSize { device: device.into() },
+            GetDeviceMemory { device } => Request::GetDeviceMemory { device: device.into() },
             BufferGetBase { buffer } => Request::BufferGetBase { buffer },
             FreeBuffer { buffer } => Request::FreeBuffer { buffer },
             BufferClear { buffer, value } => Request::BufferClear { buffer, value },
             SetTensor { len } => Request::SetTensor {
-                header: Box::new(SetTensorHeader {
-                    tensor: *tensor(1),
-                    cache_flag: 0,
-                    offset: 0,
-                }),
+                header: Box::new(SetTensorHeader { tensor: *tensor(1), cache_flag: 0, offset: 0 }),
                 data: Bytes::from(vec![0xa5; usize::from(len)]),
             },
-            SetTensorHash { hash } => Request::SetTensorHash {
-                tensor: tensor(1),
-                offset: 0,
-                hash,
-            },
-            GetTensor { offset, size } => Request::GetTensor {
-                tensor: tensor(1),
-                offset: offset.into(),
-                size: size.into(),
-            },
-            GetTensorHuge { size } => Request::GetTensor {
-                tensor: tensor(1),
-                offset: 0,
-                size,
-            },
-            CopyTensor => Request::CopyTensor {
-                src: tensor(1),
-                dst: tensor(2),
-            },
+            SetTensorHash { hash } => Request::SetTensorHash { tensor: tensor(1), offset: 0, hash },
+            GetTensor { offset, size } => {
+                Request::GetTensor { tensor: tensor(1), offset: offset.into(), size: size.into() }
+            }
+            GetTensorHuge { size } => Request::GetTensor { tensor: tensor(1), offset: 0, size },
+            CopyTensor => Request::CopyTensor { src: tensor(1), dst: tensor(2) },
             GetAllocSize => Request::GetAllocSize(Box::new(proto_core::wire::AllocSizeRequest {
                 device: 0,
                 tensor: *tensor(1),
@@ -238,10 +193,7 @@ impl RequestShape {
                 node_ids: (1..=u64::from(n % 8)).collect(),
                 tensors: (1..=u64::from(n % 8)).map(|i| *tensor(i)).collect(),
             })),
-            GraphRecompute { uid } => Request::GraphRecompute {
-                device: 0,
-                uid: uid.into(),
-            },
+            GraphRecompute { uid } => Request::GraphRecompute { device: 0, uid: uid.into() },
             MemsetTensor { size } => Request::MemsetTensor {
                 tensor: tensor(1),
                 offset: 0,
@@ -272,10 +224,7 @@ impl RequestShape {
                 port: 50052,
                 host: [0; COMM_HOST_SIZE],
             })),
-            CommAllreduce => Request::CommAllreduce {
-                device: 0,
-                tensor: tensor(1),
-            },
+            CommAllreduce => Request::CommAllreduce { device: 0, tensor: tensor(1) },
             CommFree => Request::CommFree { device: 0 },
             InitTensor => Request::InitTensor { tensor: tensor(1) },
         }
@@ -305,12 +254,7 @@ impl<'a> ClientInput<'a> {
             .map(|_| RequestShape::arbitrary(&mut u).unwrap_or(RequestShape::DeviceCount))
             .collect();
         let splits = Splits::read(&mut u);
-        ClientInput {
-            version,
-            requests,
-            splits,
-            replies: u.take_rest(),
-        }
+        ClientInput { version, requests, splits, replies: u.take_rest() }
     }
 
     /// Writes the layout.
@@ -359,9 +303,9 @@ pub fn run(data: &[u8]) -> ClientStats {
                 if command.has_response() {
                     let len = match &request {
                         Request::GetTensor { size, .. } => *size,
-                        Request::GetTensor2d(header) => header
-                            .data_len(command)
-                            .expect("sent, so the length is valid"),
+                        Request::GetTensor2d(header) => {
+                            header.data_len(command).expect("sent, so the length is valid")
+                        }
                         _ => command.fixed_response_size().expect("fixed size"),
                     };
                     owed.push_back((command, len));
@@ -370,11 +314,7 @@ pub fn run(data: &[u8]) -> ClientStats {
                     assert_eq!(client.outstanding(), before);
                 }
             }
-            Err(_) => assert_eq!(
-                client.outstanding(),
-                before,
-                "a refused request is not owed"
-            ),
+            Err(_) => assert_eq!(client.outstanding(), before, "a refused request is not owed"),
         }
     }
     assert_eq!(client.outstanding(), owed.len());
@@ -384,21 +324,13 @@ pub fn run(data: &[u8]) -> ClientStats {
     'input: for piece in input.splits.pieces(input.replies) {
         let before = client.outstanding();
         client.handle_input(Bytes::copy_from_slice(piece));
-        assert_eq!(
-            client.outstanding(),
-            before,
-            "input alone changed the outstanding count"
-        );
+        assert_eq!(client.outstanding(), before, "input alone changed the outstanding count");
         loop {
             let before = client.outstanding();
             match client.poll_event() {
                 Ok(Some(event)) => {
                     stats.events += 1;
-                    assert_eq!(
-                        client.outstanding() + 1,
-                        before,
-                        "one event answers one request"
-                    );
+                    assert_eq!(client.outstanding() + 1, before, "one event answers one request");
                     let (command, len) = owed.pop_front().expect("an event with nothing owed");
                     match event {
                         ClientEvent::Connected(hello) => {
@@ -417,15 +349,9 @@ pub fn run(data: &[u8]) -> ClientStats {
                     break;
                 }
                 Err(error) => {
-                    assert!(
-                        client.outstanding() <= before,
-                        "outstanding grew on an error"
-                    );
+                    assert!(client.outstanding() <= before, "outstanding grew on an error");
                     assert_eq!(client.poll_event(), Err(error.clone()), "error not sticky");
-                    assert!(
-                        client.send(&Request::DeviceCount).is_err(),
-                        "send after failure"
-                    );
+                    assert!(client.send(&Request::DeviceCount).is_err(), "send after failure");
                     stats.error = Some(error);
                     break 'input;
                 }

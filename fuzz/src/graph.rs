@@ -64,17 +64,7 @@ pub struct TensorSpec {
 }
 
 /// The tensor types a structured graph uses: common ones, a removed id and an invalid one.
-pub const TYPES: [u32; 9] = [
-    ty::F32,
-    ty::F16,
-    ty::Q4_0,
-    ty::Q8_0,
-    ty::Q4_K,
-    ty::I32,
-    ty::BF16,
-    4,
-    999,
-];
+pub const TYPES: [u32; 9] = [ty::F32, ty::F16, ty::Q4_0, ty::Q8_0, ty::Q4_K, ty::I32, ty::BF16, 4, 999];
 
 /// A structured GRAPH_COMPUTE request.
 #[derive(Debug, Clone, Arbitrary)]
@@ -113,13 +103,7 @@ impl GraphSpec {
             .tensors
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                if self.raw_ids {
-                    u64::from(t.raw_id)
-                } else {
-                    i as u64 + 1
-                }
-            })
+            .map(|(i, t)| if self.raw_ids { u64::from(t.raw_id) } else { i as u64 + 1 })
             .collect();
         let mut tensors: Vec<RpcTensor> = self
             .tensors
@@ -131,12 +115,8 @@ impl GraphSpec {
                 let dim = |d: u8| if d & 7 == 7 { 0 } else { 1 + u32::from(d & 3) };
                 let mut ne = spec.ne.map(dim);
                 ne[0] *= block;
-                let mut tensor = RpcTensor::contiguous(ids[i], type_id, ne).unwrap_or(RpcTensor {
-                    id: ids[i],
-                    type_id,
-                    ne,
-                    ..RpcTensor::default()
-                });
+                let mut tensor = RpcTensor::contiguous(ids[i], type_id, ne)
+                    .unwrap_or(RpcTensor { id: ids[i], type_id, ne, ..RpcTensor::default() });
                 if spec.transpose {
                     tensor.nb.swap(0, 1);
                 }
@@ -168,32 +148,18 @@ impl GraphSpec {
         let node_ids = if self.nodes.is_empty() || tensors.is_empty() {
             ids.clone()
         } else {
-            self.nodes
-                .iter()
-                .map(|&n| ids[usize::from(n) % ids.len()])
-                .collect()
+            self.nodes.iter().map(|&n| ids[usize::from(n) % ids.len()]).collect()
         };
         if self.reverse {
             tensors.reverse();
         }
         let uid = if dialect.has_graph_uid() { self.uid } else { 0 };
         let limits = if self.small_limits {
-            GraphLimits {
-                max_nodes: 3,
-                max_tensors: 6,
-            }
+            GraphLimits { max_nodes: 3, max_tensors: 6 }
         } else {
             GraphLimits::default()
         };
-        (
-            GraphComputeRequest {
-                device: self.device.into(),
-                uid,
-                node_ids,
-                tensors,
-            },
-            limits,
-        )
+        (GraphComputeRequest { device: self.device.into(), uid, node_ids, tensors }, limits)
     }
 }
 
@@ -214,10 +180,7 @@ pub fn resolve(record: &RpcTensor, byte_size: u64) -> Result<Option<TensorLocati
             if !inside {
                 return Err(Error::OutOfBounds("tensor outside its buffer"));
             }
-            Ok(Some(TensorLocation {
-                buffer: BufferId(handle),
-                offset: data - base,
-            }))
+            Ok(Some(TensorLocation { buffer: BufferId(handle), offset: data - base }))
         }
     }
 }
@@ -245,27 +208,15 @@ fn check_invariants(
     assert_eq!(n, request.tensors.len());
     assert!(n <= limits.max_tensors && graph.nodes.len() <= limits.max_nodes);
     // The resolver ran exactly once per tensor, in list order.
-    let expected_calls: Vec<(u64, u64)> = graph
-        .tensors
-        .iter()
-        .map(|t| (t.id(), t.byte_size))
-        .collect();
+    let expected_calls: Vec<(u64, u64)> = graph.tensors.iter().map(|t| (t.id(), t.byte_size)).collect();
     assert_eq!(calls, &expected_calls[..]);
     let mut ids = HashMap::new();
     for (i, (tensor, record)) in graph.tensors.iter().zip(&request.tensors).enumerate() {
-        assert_eq!(
-            &tensor.record, record,
-            "records are kept verbatim, in order"
-        );
+        assert_eq!(&tensor.record, record, "records are kept verbatim, in order");
         assert_ne!(tensor.id(), 0);
-        assert!(
-            ids.insert(tensor.id(), i).is_none(),
-            "duplicate id accepted"
-        );
+        assert!(ids.insert(tensor.id(), i).is_none(), "duplicate id accepted");
         assert_eq!(Ok(tensor.byte_size), record.byte_size());
-        record
-            .validate_shape()
-            .expect("accepted record has a valid shape");
+        record.validate_shape().expect("accepted record has a valid shape");
         let op = tensor.op();
         assert!(op.is_valid() && !op.is_custom(), "op {op:?} accepted");
     }
@@ -284,10 +235,7 @@ fn check_invariants(
                 assert_eq!(source.id(), tensor.record.view_src);
                 if tensor.byte_size > 0 {
                     let end = tensor.record.view_offs.checked_add(tensor.byte_size);
-                    assert!(
-                        end.is_some_and(|e| e <= source.byte_size),
-                        "view outside its source"
-                    );
+                    assert!(end.is_some_and(|e| e <= source.byte_size), "view outside its source");
                 }
             }
         }
@@ -298,15 +246,8 @@ fn check_invariants(
     // own tensor (ggml_cast's CPY) is no dependency; a view of itself is a cycle.
     let links = |t: usize| {
         let tensor = &graph.tensors[t];
-        let sources = tensor
-            .src
-            .iter()
-            .flatten()
-            .map(|&i| i as usize)
-            .filter(|&i| i != t);
-        sources
-            .chain(tensor.view_src.iter().map(|&i| i as usize))
-            .collect::<Vec<_>>()
+        let sources = tensor.src.iter().flatten().map(|&i| i as usize).filter(|&i| i != t);
+        sources.chain(tensor.view_src.iter().map(|&i| i as usize)).collect::<Vec<_>>()
     };
     let mut pending: Vec<usize> = (0..n).map(|t| links(t).len()).collect();
     let mut users = vec![Vec::new(); n];
@@ -333,10 +274,7 @@ fn check_invariants(
     let mut position = HashMap::new();
     for (p, (&node, &id)) in graph.nodes.iter().zip(&request.node_ids).enumerate() {
         assert_eq!(graph.tensors[node as usize].id(), id);
-        assert!(
-            position.insert(node as usize, p).is_none(),
-            "duplicate node accepted"
-        );
+        assert!(position.insert(node as usize, p).is_none(), "duplicate node accepted");
     }
     // latest(t): the last node position among t and its view_src chain.
     let latest = |mut t: usize| {
@@ -357,20 +295,14 @@ fn check_invariants(
     for (p, &node) in graph.nodes.iter().enumerate() {
         for read in links(node as usize) {
             if let Some(producer) = latest(read) {
-                assert!(
-                    producer < p,
-                    "node #{p} reads what node #{producer} produces later"
-                );
+                assert!(producer < p, "node #{p} reads what node #{producer} produces later");
             }
         }
         let tensor = &graph.tensors[node as usize];
         if tensor.is_compute() {
             for used in std::iter::once(node).chain(tensor.sources()) {
                 let used = &graph.tensors[used as usize];
-                assert!(
-                    used.byte_size == 0 || used.location.is_some(),
-                    "computed tensor without storage"
-                );
+                assert!(used.byte_size == 0 || used.location.is_some(), "computed tensor without storage");
             }
         }
     }
@@ -391,11 +323,7 @@ pub enum GraphOutcome {
 pub fn run(data: &[u8]) -> Option<GraphOutcome> {
     let mut u = Unstructured::new(data);
     let mode = byte(&mut u);
-    let dialect = if mode & mode::V8 != 0 {
-        Dialect::V8
-    } else {
-        Dialect::V7
-    };
+    let dialect = if mode & mode::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
     let (request, limits) = if mode & mode::STRUCTURED == 0 {
         let payload = u.take_rest();
         let request = match GraphComputeRequest::decode(dialect, payload) {
@@ -406,11 +334,7 @@ pub fn run(data: &[u8]) -> Option<GraphOutcome> {
         let mut encoded = BytesMut::new();
         request.encode(dialect, &mut encoded);
         assert_eq!(encoded.len(), request.encoded_len(dialect));
-        assert_eq!(
-            &encoded[..],
-            &payload[..encoded.len()],
-            "re-encoding differs"
-        );
+        assert_eq!(&encoded[..], &payload[..encoded.len()], "re-encoding differs");
         (request, GraphLimits::default())
     } else {
         let spec = GraphSpec::arbitrary_take_rest(u).ok()?;
@@ -452,37 +376,14 @@ pub fn sample_graph(dialect: Dialect, layers: u64, handle: u64, base: u64) -> Gr
     tensors.push(input);
     for _ in 0..layers {
         let w = new(ty::Q8_0, [32, 32, 1, 1], 0, &[], false);
-        let mm = new(
-            ty::F32,
-            [32, 4, 1, 1],
-            proto_core::ggml::Op::MUL_MAT.0,
-            &[w.id, x],
-            true,
-        );
-        let mut act = new(
-            ty::F32,
-            [32, 4, 1, 1],
-            proto_core::ggml::Op::UNARY.0,
-            &[mm.id],
-            true,
-        );
+        let mm = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::MUL_MAT.0, &[w.id, x], true);
+        let mut act = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::UNARY.0, &[mm.id], true);
         act.op_params[0] = proto_core::ggml::UnaryOp::SILU.0;
-        let add = new(
-            ty::F32,
-            [32, 4, 1, 1],
-            proto_core::ggml::Op::ADD.0,
-            &[act.id, x],
-            true,
-        );
+        let add = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::ADD.0, &[act.id, x], true);
         nodes.extend([mm.id, act.id, add.id]);
         x = add.id;
         tensors.extend([w, mm, act, add]);
     }
     let uid = if dialect.has_graph_uid() { 42 } else { 0 };
-    GraphComputeRequest {
-        device: 0,
-        uid,
-        node_ids: nodes,
-        tensors,
-    }
+    GraphComputeRequest { device: 0, uid, node_ids: nodes, tensors }
 }

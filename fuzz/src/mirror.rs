@@ -10,8 +10,8 @@ use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
 use proto_core::wire::{
     AllocSizeRequest, CommInitRequest, Command, Dialect, GraphComputeRequest, ProtocolVersion,
-    Request, Response, RpcTensor, SetTensorHeader, Tensor2dHeader, REQUEST_HEADER_SIZE,
-    RESPONSE_HEADER_SIZE,
+    Request, Response, RpcTensor, SetTensorHeader, Tensor2dHeader,
+    REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,
 };
 use proto_core::ErrorKind;
 
@@ -101,100 +101,30 @@ impl From<A2d> for Tensor2dHeader {
 #[derive(Debug, Clone, Arbitrary)]
 #[allow(missing_docs)]
 pub enum ARequest {
-    Hello {
-        caps: [u8; 24],
-    },
+    Hello { caps: [u8; 24] },
     DeviceCount,
-    AllocBuffer {
-        device: u32,
-        size: u64,
-    },
-    GetAlignment {
-        device: u32,
-    },
-    GetMaxSize {
-        device: u32,
-    },
-    BufferGetBase {
-        buffer: u64,
-    },
-    FreeBuffer {
-        buffer: u64,
-    },
-    BufferClear {
-        buffer: u64,
-        value: u8,
-    },
-    SetTensor {
-        tensor: ATensor,
-        cache_flag: u8,
-        offset: u64,
-        data: Vec<u8>,
-    },
-    SetTensorHash {
-        tensor: ATensor,
-        offset: u64,
-        hash: u64,
-    },
-    GetTensor {
-        tensor: ATensor,
-        offset: u64,
-        size: u64,
-    },
-    CopyTensor {
-        src: ATensor,
-        dst: ATensor,
-    },
-    GraphCompute {
-        device: u32,
-        uid: u64,
-        node_ids: Vec<u64>,
-        tensors: Vec<ATensor>,
-    },
-    GetDeviceMemory {
-        device: u32,
-    },
-    InitTensor {
-        tensor: ATensor,
-    },
-    GetAllocSize {
-        device: u32,
-        tensor: ATensor,
-        srcs: [ATensor; 10],
-    },
-    GraphRecompute {
-        device: u32,
-        uid: u64,
-    },
-    MemsetTensor {
-        tensor: ATensor,
-        offset: u64,
-        size: u64,
-        value: u8,
-    },
+    AllocBuffer { device: u32, size: u64 },
+    GetAlignment { device: u32 },
+    GetMaxSize { device: u32 },
+    BufferGetBase { buffer: u64 },
+    FreeBuffer { buffer: u64 },
+    BufferClear { buffer: u64, value: u8 },
+    SetTensor { tensor: ATensor, cache_flag: u8, offset: u64, data: Vec<u8> },
+    SetTensorHash { tensor: ATensor, offset: u64, hash: u64 },
+    GetTensor { tensor: ATensor, offset: u64, size: u64 },
+    CopyTensor { src: ATensor, dst: ATensor },
+    GraphCompute { device: u32, uid: u64, node_ids: Vec<u64>, tensors: Vec<ATensor> },
+    GetDeviceMemory { device: u32 },
+    InitTensor { tensor: ATensor },
+    GetAllocSize { device: u32, tensor: ATensor, srcs: [ATensor; 10] },
+    GraphRecompute { device: u32, uid: u64 },
+    MemsetTensor { tensor: ATensor, offset: u64, size: u64, value: u8 },
     /// `consistent`: derive `size`/`n_copies` from the data so the frame is well formed.
-    SetTensor2d {
-        header: A2d,
-        data: Vec<u8>,
-        consistent: bool,
-    },
-    GetTensor2d {
-        header: A2d,
-    },
-    CommInit {
-        device: u32,
-        rank: u32,
-        world: u32,
-        port: u32,
-        host: [u8; 64],
-    },
-    CommAllreduce {
-        device: u32,
-        tensor: ATensor,
-    },
-    CommFree {
-        device: u32,
-    },
+    SetTensor2d { header: A2d, data: Vec<u8>, consistent: bool },
+    GetTensor2d { header: A2d },
+    CommInit { device: u32, rank: u32, world: u32, port: u32, host: [u8; 64] },
+    CommAllreduce { device: u32, tensor: ATensor },
+    CommFree { device: u32 },
 }
 
 impl ARequest {
@@ -209,111 +139,56 @@ impl ARequest {
             ARequest::BufferGetBase { buffer } => Request::BufferGetBase { buffer },
             ARequest::FreeBuffer { buffer } => Request::FreeBuffer { buffer },
             ARequest::BufferClear { buffer, value } => Request::BufferClear { buffer, value },
-            ARequest::SetTensor {
-                tensor,
-                cache_flag,
-                offset,
-                data,
-            } => Request::SetTensor {
-                header: Box::new(SetTensorHeader {
-                    tensor: tensor.into(),
-                    cache_flag,
-                    offset,
-                }),
+            ARequest::SetTensor { tensor, cache_flag, offset, data } => Request::SetTensor {
+                header: Box::new(SetTensorHeader { tensor: tensor.into(), cache_flag, offset }),
                 data: data.into(),
             },
-            ARequest::SetTensorHash {
-                tensor,
-                offset,
-                hash,
-            } => Request::SetTensorHash {
-                tensor: Box::new(tensor.into()),
-                offset,
-                hash,
-            },
-            ARequest::GetTensor {
-                tensor,
-                offset,
-                size,
-            } => Request::GetTensor {
-                tensor: Box::new(tensor.into()),
-                offset,
-                size,
-            },
-            ARequest::CopyTensor { src, dst } => Request::CopyTensor {
-                src: Box::new(src.into()),
-                dst: Box::new(dst.into()),
-            },
-            ARequest::GraphCompute {
-                device,
-                uid,
-                node_ids,
-                tensors,
-            } => Request::GraphCompute(Box::new(GraphComputeRequest {
-                device,
-                uid,
-                node_ids,
-                tensors: tensors.into_iter().map(Into::into).collect(),
-            })),
+            ARequest::SetTensorHash { tensor, offset, hash } => {
+                Request::SetTensorHash { tensor: Box::new(tensor.into()), offset, hash }
+            }
+            ARequest::GetTensor { tensor, offset, size } => {
+                Request::GetTensor { tensor: Box::new(tensor.into()), offset, size }
+            }
+            ARequest::CopyTensor { src, dst } => {
+                Request::CopyTensor { src: Box::new(src.into()), dst: Box::new(dst.into()) }
+            }
+            ARequest::GraphCompute { device, uid, node_ids, tensors } => {
+                Request::GraphCompute(Box::new(GraphComputeRequest {
+                    device,
+                    uid,
+                    node_ids,
+                    tensors: tensors.into_iter().map(Into::into).collect(),
+                }))
+            }
             ARequest::GetDeviceMemory { device } => Request::GetDeviceMemory { device },
-            ARequest::InitTensor { tensor } => Request::InitTensor {
-                tensor: Box::new(tensor.into()),
-            },
-            ARequest::GetAllocSize {
-                device,
-                tensor,
-                srcs,
-            } => Request::GetAllocSize(Box::new(AllocSizeRequest {
-                device,
-                tensor: tensor.into(),
-                srcs: srcs.map(Into::into),
-            })),
+            ARequest::InitTensor { tensor } => Request::InitTensor { tensor: Box::new(tensor.into()) },
+            ARequest::GetAllocSize { device, tensor, srcs } => {
+                Request::GetAllocSize(Box::new(AllocSizeRequest {
+                    device,
+                    tensor: tensor.into(),
+                    srcs: srcs.map(Into::into),
+                }))
+            }
             ARequest::GraphRecompute { device, uid } => Request::GraphRecompute { device, uid },
-            ARequest::MemsetTensor {
-                tensor,
-                offset,
-                size,
-                value,
-            } => Request::MemsetTensor {
-                tensor: Box::new(tensor.into()),
-                offset,
-                size,
-                value,
-            },
-            ARequest::SetTensor2d {
-                header,
-                mut data,
-                consistent,
-            } => {
+            ARequest::MemsetTensor { tensor, offset, size, value } => {
+                Request::MemsetTensor { tensor: Box::new(tensor.into()), offset, size, value }
+            }
+            ARequest::SetTensor2d { header, mut data, consistent } => {
                 let mut header: Tensor2dHeader = header.into();
                 if consistent && !data.is_empty() {
                     header.size = 1 + header.size % data.len() as u64;
                     header.n_copies = data.len() as u64 / header.size;
                     data.truncate((header.size * header.n_copies) as usize);
                 }
-                Request::SetTensor2d {
-                    header: Box::new(header),
-                    data: data.into(),
-                }
+                Request::SetTensor2d { header: Box::new(header), data: data.into() }
             }
             ARequest::GetTensor2d { header } => Request::GetTensor2d(Box::new(header.into())),
-            ARequest::CommInit {
-                device,
-                rank,
-                world,
-                port,
-                host,
-            } => Request::CommInit(Box::new(CommInitRequest {
-                device,
-                rank,
-                world,
-                port,
-                host,
-            })),
-            ARequest::CommAllreduce { device, tensor } => Request::CommAllreduce {
-                device,
-                tensor: Box::new(tensor.into()),
-            },
+            ARequest::CommInit { device, rank, world, port, host } => {
+                Request::CommInit(Box::new(CommInitRequest { device, rank, world, port, host }))
+            }
+            ARequest::CommAllreduce { device, tensor } => {
+                Request::CommAllreduce { device, tensor: Box::new(tensor.into()) }
+            }
             ARequest::CommFree { device } => Request::CommFree { device },
         }
     }
@@ -323,28 +198,16 @@ impl ARequest {
 #[derive(Debug, Clone, Arbitrary)]
 #[allow(missing_docs)]
 pub enum AResponse {
-    Hello {
-        major: u8,
-        minor: u8,
-        patch: u8,
-        flags: u8,
-        caps: [u8; 24],
-    },
+    Hello { major: u8, minor: u8, patch: u8, flags: u8, caps: [u8; 24] },
     DeviceCount(u32),
-    AllocBuffer {
-        remote_ptr: u64,
-        remote_size: u64,
-    },
+    AllocBuffer { remote_ptr: u64, remote_size: u64 },
     Alignment(u64),
     MaxSize(u64),
     BufferBase(u64),
     SetTensorHash(u8),
     TensorData(Vec<u8>),
     CopyTensor(u8),
-    DeviceMemory {
-        free: u64,
-        total: u64,
-    },
+    DeviceMemory { free: u64, total: u64 },
     AllocSize(u64),
     Tensor2dData(Vec<u8>),
     CommInit(u8),
@@ -354,29 +217,13 @@ impl AResponse {
     /// The proto-core response.
     pub fn into_response(self) -> Response {
         match self {
-            AResponse::Hello {
-                major,
-                minor,
-                patch,
-                flags,
-                caps,
-            } => Response::Hello {
-                version: ProtocolVersion {
-                    major,
-                    minor,
-                    patch,
-                },
-                flags,
-                caps,
-            },
+            AResponse::Hello { major, minor, patch, flags, caps } => {
+                Response::Hello { version: ProtocolVersion { major, minor, patch }, flags, caps }
+            }
             AResponse::DeviceCount(n) => Response::DeviceCount(n),
-            AResponse::AllocBuffer {
-                remote_ptr,
-                remote_size,
-            } => Response::AllocBuffer {
-                remote_ptr,
-                remote_size,
-            },
+            AResponse::AllocBuffer { remote_ptr, remote_size } => {
+                Response::AllocBuffer { remote_ptr, remote_size }
+            }
             AResponse::Alignment(v) => Response::Alignment(v),
             AResponse::MaxSize(v) => Response::MaxSize(v),
             AResponse::BufferBase(v) => Response::BufferBase(v),
@@ -429,10 +276,7 @@ pub fn request_round_trip(request: Request, dialect: Dialect) {
     let frame = match request.to_frame(dialect) {
         Ok(frame) => frame,
         Err(error) => {
-            assert!(
-                !command.exists_in(dialect),
-                "{command:?} failed to encode: {error}"
-            );
+            assert!(!command.exists_in(dialect), "{command:?} failed to encode: {error}");
             assert_eq!(error.kind(), ErrorKind::UnknownCommand);
             return;
         }
@@ -440,11 +284,7 @@ pub fn request_round_trip(request: Request, dialect: Dialect) {
     assert!(command.exists_in(dialect));
     assert_eq!(frame[0], command.id());
     let size = u64::from_le_bytes(frame[1..9].try_into().expect("9-byte header"));
-    assert_eq!(
-        size,
-        (frame.len() - REQUEST_HEADER_SIZE) as u64,
-        "size field"
-    );
+    assert_eq!(size, (frame.len() - REQUEST_HEADER_SIZE) as u64, "size field");
     // encode_head + bulk data is the same frame.
     let mut head = BytesMut::new();
     request.encode_head(dialect, &mut head).expect("encodes");
@@ -453,12 +293,11 @@ pub fn request_round_trip(request: Request, dialect: Dialect) {
 
     let refused = match &request {
         Request::GetTensor2d(header) => header.data_len(command).is_err(),
-        Request::SetTensor2d { header, data } => header
-            .data_len(command)
-            .map_or(true, |len| len != data.len() as u64),
+        Request::SetTensor2d { header, data } => {
+            header.data_len(command).map_or(true, |len| len != data.len() as u64)
+        }
         Request::GraphCompute(graph) => {
-            u32::try_from(graph.node_ids.len()).is_err()
-                || u32::try_from(graph.tensors.len()).is_err()
+            u32::try_from(graph.node_ids.len()).is_err() || u32::try_from(graph.tensors.len()).is_err()
         }
         _ => false,
     };
@@ -466,11 +305,7 @@ pub fn request_round_trip(request: Request, dialect: Dialect) {
         Ok(decoded) => {
             assert!(!refused, "{command:?} accepted although malformed");
             assert_eq!(decoded, normalized(request, dialect), "request round trip");
-            assert_eq!(
-                decoded.to_frame(dialect).expect("re-encodes"),
-                frame,
-                "re-encoding differs"
-            );
+            assert_eq!(decoded.to_frame(dialect).expect("re-encodes"), frame, "re-encoding differs");
         }
         Err(error) => {
             assert!(refused, "{command:?} did not decode: {error}");
@@ -499,20 +334,14 @@ pub fn raw_request(frame: &[u8], dialect: Dialect) {
     let Ok(request) = Request::from_frame(dialect, Bytes::copy_from_slice(frame)) else {
         return;
     };
-    let encoded = request
-        .to_frame(dialect)
-        .expect("a decoded request re-encodes");
+    let encoded = request.to_frame(dialect).expect("a decoded request re-encodes");
     if let Request::GraphCompute(_) = request {
         // The protocol ignores bytes after the tensor list: equal up to them.
         assert_eq!(encoded[0], frame[0]);
         let size = u64::from_le_bytes(encoded[1..9].try_into().expect("header"));
         let sent = u64::from_le_bytes(frame[1..9].try_into().expect("header"));
         assert!(size <= sent);
-        assert_eq!(
-            &encoded[9..],
-            &frame[9..encoded.len()],
-            "GRAPH_COMPUTE re-encoding differs"
-        );
+        assert_eq!(&encoded[9..], &frame[9..encoded.len()], "GRAPH_COMPUTE re-encoding differs");
         let again = Request::from_frame(dialect, encoded).expect("canonical form decodes");
         assert_eq!(again, request);
     } else {
@@ -533,29 +362,18 @@ pub fn raw_response(frame: &[u8], command: Command) {
         return;
     }
     let Ok(response) = Response::decode(command, expected, payload) else {
-        assert_ne!(
-            size, expected,
-            "{command:?}: a response of the expected size was refused"
-        );
+        assert_ne!(size, expected, "{command:?}: a response of the expected size was refused");
         return;
     };
     assert_eq!(response.command(), command);
-    assert_eq!(
-        &response.to_frame()[..],
-        frame,
-        "response re-encoding differs"
-    );
+    assert_eq!(&response.to_frame()[..], frame, "response re-encoding differs");
 }
 
 /// Runs one input. Panics on a broken invariant.
 pub fn run(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let selector = byte(&mut u);
-    let dialect = if selector & mode::V8 != 0 {
-        Dialect::V8
-    } else {
-        Dialect::V7
-    };
+    let dialect = if selector & mode::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
     match selector & 3 {
         mode::REQUEST => {
             if let Ok(request) = ARequest::arbitrary_take_rest(u) {
@@ -583,9 +401,6 @@ pub fn raw_request_selector(dialect: Dialect) -> u8 {
 
 /// The selector byte of a raw response frame seed.
 pub fn raw_response_selector(command: Command) -> u8 {
-    let index = RESPONSE_COMMANDS
-        .iter()
-        .position(|&c| c == command)
-        .unwrap_or(0) as u8;
+    let index = RESPONSE_COMMANDS.iter().position(|&c| c == command).unwrap_or(0) as u8;
     mode::RAW_RESPONSE | (index << mode::COMMAND_SHIFT)
 }

@@ -7,18 +7,11 @@ use proto_core_fuzz::graph::GraphOutcome;
 use proto_core_fuzz::{boot, client, graph, mirror, server};
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("seeds")
-        .join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
     let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .expect("seeds exist: cargo run --example make_seeds")
         .flatten()
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
         .collect();
     out.sort();
     assert!(!out.is_empty());
@@ -29,9 +22,7 @@ fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 fn server_seeds_converse() {
     for (name, data) in seeds("server_session") {
         let stats = server::run(&data);
-        let fails = ["hello_expected", "over_limits", "quota", "eof_mid"]
-            .iter()
-            .any(|s| name.contains(s));
+        let fails = ["hello_expected", "over_limits", "quota", "eof_mid"].iter().any(|s| name.contains(s));
         if name.starts_with("vec_") {
             continue;
         }
@@ -72,16 +63,10 @@ fn graph_seeds_decode() {
                 assert_eq!(outcome, Some(GraphOutcome::Valid(9)), "{name}")
             }
             n if n.contains("out_of_order") => {
-                assert!(
-                    matches!(outcome, Some(GraphOutcome::Invalid(_))),
-                    "{name}: {outcome:?}"
-                )
+                assert!(matches!(outcome, Some(GraphOutcome::Invalid(_))), "{name}: {outcome:?}")
             }
             n if n.contains("too_large") => {
-                assert!(
-                    matches!(outcome, Some(GraphOutcome::Undecodable(_))),
-                    "{name}: {outcome:?}"
-                )
+                assert!(matches!(outcome, Some(GraphOutcome::Undecodable(_))), "{name}: {outcome:?}")
             }
             _ => assert!(outcome.is_some(), "{name}"),
         }
@@ -92,11 +77,7 @@ fn graph_seeds_decode() {
 fn bootstrap_and_round_trip_seeds_run() {
     for (name, data) in seeds("bootstrap") {
         let outcome = boot::run(&data);
-        assert_eq!(
-            outcome.all_done,
-            name.starts_with("honest") || name.starts_with("surplus"),
-            "{name}"
-        );
+        assert_eq!(outcome.all_done, name.starts_with("honest") || name.starts_with("surplus"), "{name}");
     }
     for (_, data) in seeds("round_trip") {
         mirror::run(&data);
@@ -120,15 +101,9 @@ fn compute_seeds_run_or_refuse_at_run_time() {
     for (name, data) in seeds("graph_compute") {
         let outcome = compute::run(&data);
         if name.contains("refused") {
-            assert!(
-                matches!(outcome, ComputeOutcome::Refused(_)),
-                "{name}: {outcome:?}"
-            );
+            assert!(matches!(outcome, ComputeOutcome::Refused(_)), "{name}: {outcome:?}");
         } else {
-            assert!(
-                matches!(outcome, ComputeOutcome::Computed),
-                "{name}: {outcome:?}"
-            );
+            assert!(matches!(outcome, ComputeOutcome::Computed), "{name}: {outcome:?}");
         }
     }
 }
