@@ -84,9 +84,9 @@ where
     assert_eq!(server.backend.used_bytes(), baseline_bytes);
     bystander.still_works().await;
     server.shutdown().await;
-    // The lines came from the shell under test.
+    // The lines came from the shell under test (its client span names it).
     assert!(
-        logs.text().contains(&format!("shell_{shell}::")),
+        logs.text().contains(&format!("shell=\"{shell}\"")),
         "{}",
         logs.text()
     );

@@ -131,7 +131,7 @@ fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
     assert!(stderr.contains("Accepted client connection"), "{stderr}");
     assert!(stderr.contains("Client connection closed"), "{stderr}");
     assert!(stderr.contains("server stopped"), "{stderr}");
-    assert!(stderr.contains(&format!("shell_{shell}::")), "{stderr}");
+    assert!(stderr.contains(&format!("shell=\"{shell}\"")), "{stderr}");
     assert!(!stderr.contains("WARNING"), "{stderr}");
 }
 

@@ -3,8 +3,14 @@
 //! messages and fields in every shell, which the conformance suite reads).
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use proto_core::backend::Backend;
+use proto_core::driver::Connection;
 
 /// Bytes read at once between messages.
 pub const READ_SIZE: usize = 64 * 1024;
@@ -16,6 +22,9 @@ pub const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
 pub const MAX_IO_SLICES: usize = 64;
 /// How long a failing connection may take to flush the responses it already owed.
 pub const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long an accept loop pauses after a failed accept (out of file descriptors and similar).
+pub const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 
 /// Why a connection ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +44,82 @@ pub enum ConnectionError {
     /// The socket failed.
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+/// The client closed its side: the end of the connection, an error if mid-frame.
+pub fn end_of_input<B: Backend + ?Sized>(
+    conn: &mut Connection<B>,
+) -> Result<Closed, ConnectionError> {
+    conn.handle_eof()?;
+    Ok(Closed::ByClient)
+}
+
+/// The clients a server serves at once (`--max-clients`), shared by its accept loops.
+#[derive(Debug, Clone)]
+pub struct ClientSlots {
+    active: Arc<AtomicUsize>,
+    max: usize,
+}
+
+/// One client's place among [`ClientSlots`]; dropping it frees the place.
+#[derive(Debug)]
+pub struct ClientSlot(Arc<AtomicUsize>);
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl ClientSlots {
+    /// Room for `max` clients.
+    pub fn new(max: usize) -> ClientSlots {
+        ClientSlots {
+            active: Arc::default(),
+            max,
+        }
+    }
+
+    /// A place for a client from `peer`, or `None` (logged: the caller closes the connection)
+    /// when every place is taken.
+    pub fn admit(&self, peer: SocketAddr) -> Option<ClientSlot> {
+        if self.active.fetch_add(1, Ordering::SeqCst) >= self.max {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(
+                %peer,
+                max_clients = self.max,
+                "refusing client connection: too many clients"
+            );
+            return None;
+        }
+        Some(ClientSlot(self.active.clone()))
+    }
+
+    /// Clients served now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+}
+
+/// Logs a failed accept (the loop pauses [`ACCEPT_PAUSE`] before the next).
+pub fn accept_failed(error: &io::Error) {
+    tracing::warn!(%error, kind = %error.kind(), "accept failed");
+}
+
+/// Logs the start of a shutdown.
+pub fn stopping(open_connections: usize) {
+    tracing::info!(
+        open_connections,
+        "shutting down: no longer accepting clients"
+    );
+}
+
+/// Logs the end of the shutdown grace period with connections still open.
+pub fn grace_over(open_connections: usize) {
+    tracing::warn!(
+        open_connections,
+        "grace period over: dropping the remaining connections"
+    );
 }
 
 /// Bytes to read into a fresh buffer while `remaining` bytes of streamed data are owed.
@@ -68,5 +153,25 @@ pub fn log_end(result: &Result<Closed, ConnectionError>) {
             kind = %error.kind(),
             "Client connection closed on I/O error"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_admit_up_to_the_limit_and_free_on_drop() {
+        let slots = ClientSlots::new(2);
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let first = slots.admit(peer).expect("room for one");
+        let second = slots.admit(peer).expect("room for two");
+        assert!(slots.admit(peer).is_none(), "a third is refused");
+        assert_eq!(slots.active(), 2);
+        drop(first);
+        let third = slots.admit(peer).expect("a freed place is taken again");
+        assert_eq!(slots.active(), 2);
+        drop((second, third));
+        assert_eq!(slots.active(), 0);
     }
 }

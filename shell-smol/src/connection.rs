@@ -28,7 +28,7 @@ use proto_core::backend::Backend;
 use proto_core::driver::{Action, Connection, Place, Receive};
 
 use shell_common::direct::{self, record};
-use shell_common::shell::{FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
+use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
 use shell_common::{CommLinks, Direct};
 
 pub use shell_common::shell::{Closed, ConnectionError};
@@ -117,12 +117,12 @@ pub(crate) async fn run(
     stop: async_channel::Receiver<()>,
     on_closed: impl FnOnce(),
 ) {
-    shell_common::shell::accepted(stream.get_ref());
+    shell::accepted(stream.get_ref());
     let mut stream = stream;
     let result = serve_connection(&mut stream, backend, &config, &stop).await;
     drop(stream);
     on_closed();
-    shell_common::shell::log_end(&result);
+    shell::log_end(&result);
 }
 
 /// Serves one client until it closes, fails, or `stop` is closed (the server shuts down).
@@ -183,21 +183,17 @@ async fn serve_client(
                 if in_place {
                     match receive_direct(stream, conn).await? {
                         Direct::Moved => continue,
-                        Direct::Eof => {
-                            conn.handle_eof()?;
-                            return Ok(Closed::ByClient);
-                        }
+                        Direct::Eof => return shell::end_of_input(conn),
                         Direct::Declined => {}
                     }
                 }
-                let want = shell_common::shell::stream_read_size(remaining);
+                let want = shell::stream_read_size(remaining);
                 let (chunk, eof) = read_chunk(stream, want).await?;
                 if !chunk.is_empty() {
                     conn.handle_input(chunk);
                 }
                 if eof {
-                    conn.handle_eof()?;
-                    return Ok(Closed::ByClient);
+                    return shell::end_of_input(conn);
                 }
             }
             Action::Receive(Receive::Idle) => {
@@ -218,8 +214,7 @@ async fn serve_client(
                 };
                 let read = read?;
                 if read == 0 {
-                    conn.handle_eof()?;
-                    return Ok(Closed::ByClient);
+                    return shell::end_of_input(conn);
                 }
                 conn.handle_input(Bytes::copy_from_slice(&scratch[..read]));
             }

@@ -4,9 +4,7 @@
 use std::future::Future;
 use std::io;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_executor::{Executor, Task};
 use async_io::{Async, Timer};
@@ -18,6 +16,8 @@ pub use shell_common::config::{
     ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_SHUTDOWN_GRACE,
 };
+
+use shell_common::shell::{self, ClientSlots};
 
 use crate::connection;
 
@@ -38,7 +38,7 @@ pub async fn serve(
 ) -> io::Result<()> {
     let connection_config = Arc::new(config.connection_config()?);
     let listener = Async::new(listener)?;
-    let active = Arc::new(AtomicUsize::new(0));
+    let slots = ClientSlots::new(config.max_clients);
     // Never sent to: closing it (dropping the sender) tells every connection to stop.
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
     let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -57,41 +57,27 @@ pub async fn serve(
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
-                tracing::warn!(%error, kind = %error.kind(), "accept failed");
-                // Out of file descriptors and similar: give the system a moment.
-                Timer::after(Duration::from_millis(50)).await;
+                shell::accept_failed(&error);
+                Timer::after(shell::ACCEPT_PAUSE).await;
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::SeqCst) >= config.max_clients {
-            active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(
-                %peer,
-                max_clients = config.max_clients,
-                "refusing client connection: too many clients"
-            );
-            drop(stream);
+        let Some(slot) = slots.admit(peer) else {
             continue;
-        }
-        let span = tracing::info_span!("client", %peer);
-        let slot = active.clone();
+        };
+        let span = tracing::info_span!("client", %peer, shell = "smol");
         let task = connection::run(
             stream,
             backend.clone(),
             connection_config.clone(),
             stop_rx.clone(),
-            move || {
-                slot.fetch_sub(1, Ordering::SeqCst);
-            },
+            move || drop(slot),
         );
         tasks.push(executor.spawn(task.instrument(span).with_subscriber(dispatch.clone())));
     }
     drop(listener);
     tasks.retain(|task| !task.is_finished());
-    tracing::info!(
-        open_connections = tasks.len(),
-        "shutting down: no longer accepting clients"
-    );
+    shell::stopping(tasks.len());
     drop(stop_tx);
     drop(stop_rx);
     let remaining = tasks.len();
@@ -110,10 +96,7 @@ pub async fn serve(
     .await;
     if !drained {
         // The tasks were dropped with the losing future, which cancels them.
-        tracing::warn!(
-            open_connections = remaining,
-            "grace period over: dropping the remaining connections"
-        );
+        shell::grace_over(remaining);
     }
     Ok(())
 }

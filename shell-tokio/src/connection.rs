@@ -40,8 +40,8 @@ use tokio::sync::watch;
 use shell_common::direct::{self, record};
 use shell_common::{CommLinks, Direct};
 
+use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
 pub use shell_common::shell::{Closed, ConnectionError};
-use shell_common::shell::{FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
 pub use shell_common::ConnectionConfig;
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
@@ -114,13 +114,13 @@ pub(crate) async fn run(
     mut stop: watch::Receiver<bool>,
     blocking: Blocking,
 ) {
-    shell_common::shell::accepted(&stream);
+    shell::accepted(&stream);
     let mut stream = stream;
     // The connection lives inside `serve`, so every buffer is freed before the socket closes:
     // a client that sees EOF sees the server's memory back to baseline.
     let result = serve(&mut stream, backend, &config, &mut stop, blocking).await;
     drop(stream);
-    shell_common::shell::log_end(&result);
+    shell::log_end(&result);
 }
 
 /// Serves one client on any byte stream until it closes, fails, or `stop` turns true.
@@ -197,21 +197,16 @@ where
                 if let (true, Some(socket)) = (in_place, stream.socket()) {
                     match receive_direct(socket, conn).await? {
                         Direct::Moved => continue,
-                        Direct::Eof => {
-                            conn.handle_eof()?;
-                            return Ok(Closed::ByClient);
-                        }
+                        Direct::Eof => return shell::end_of_input(conn),
                         Direct::Declined => {}
                     }
                 }
-                let (chunk, eof) =
-                    read_chunk(stream, shell_common::shell::stream_read_size(remaining)).await?;
+                let (chunk, eof) = read_chunk(stream, shell::stream_read_size(remaining)).await?;
                 if !chunk.is_empty() {
                     conn.handle_input(chunk);
                 }
                 if eof {
-                    conn.handle_eof()?;
-                    return Ok(Closed::ByClient);
+                    return shell::end_of_input(conn);
                 }
             }
             Action::Receive(Receive::Idle) => {
@@ -228,8 +223,7 @@ where
                     }
                 };
                 if read == 0 {
-                    conn.handle_eof()?;
-                    return Ok(Closed::ByClient);
+                    return shell::end_of_input(conn);
                 }
                 conn.handle_input(read_buf.split().freeze());
             }

@@ -9,12 +9,11 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
 use proto_core::backend::Backend;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -22,6 +21,8 @@ pub use shell_common::config::{
     ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_SHUTDOWN_GRACE,
 };
+
+use shell_common::shell::{self, ClientSlots};
 
 use crate::connection::{self, Blocking};
 
@@ -85,7 +86,7 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let connection_config = Arc::new(config.connection_config()?);
-    let slots = Arc::new(Semaphore::new(config.max_clients));
+    let slots = ClientSlots::new(config.max_clients);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
@@ -96,27 +97,20 @@ async fn accept_loop(
                 let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
                     Err(error) => {
-                        tracing::warn!(%error, kind = %error.kind(), "accept failed");
-                        // Out of file descriptors and similar: give the system a moment.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        shell::accept_failed(&error);
+                        tokio::time::sleep(shell::ACCEPT_PAUSE).await;
                         continue;
                     }
                 };
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!(
-                        %peer,
-                        max_clients = config.max_clients,
-                        "refusing client connection: too many clients"
-                    );
-                    drop(stream);
+                let Some(slot) = slots.admit(peer) else {
                     continue;
                 };
-                let span = tracing::info_span!("client", %peer);
+                let span = tracing::info_span!("client", %peer, shell = "tokio");
                 // Registered anew with the connections' runtime, inside its task.
                 let stream = match stream.into_std() {
                     Ok(stream) => stream,
                     Err(error) => {
-                        tracing::warn!(%peer, %error, kind = %error.kind(), "accept failed");
+                        shell::accept_failed(&error);
                         continue;
                     }
                 };
@@ -128,11 +122,9 @@ async fn accept_loop(
                             Ok(stream) => {
                                 connection::run(stream, backend, config, stop, blocking).await
                             }
-                            Err(error) => {
-                                tracing::warn!(%error, kind = %error.kind(), "accept failed")
-                            }
+                            Err(error) => shell::accept_failed(&error),
                         }
-                        drop(permit);
+                        drop(slot);
                     }
                     .instrument(span),
                     &connections,
@@ -146,10 +138,7 @@ async fn accept_loop(
         }
     }
     drop(listener);
-    tracing::info!(
-        open_connections = tasks.len(),
-        "shutting down: no longer accepting clients"
-    );
+    shell::stopping(tasks.len());
     // Receivers never all drop while `tasks` holds connections, and with none left the
     // message is moot, so a send error needs no handling.
     let _ = stop_tx.send(true);
@@ -158,10 +147,7 @@ async fn accept_loop(
         .await
         .is_err()
     {
-        tracing::warn!(
-            open_connections = tasks.len(),
-            "grace period over: dropping the remaining connections"
-        );
+        shell::grace_over(tasks.len());
         tasks.shutdown().await;
     }
     Ok(())

@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -53,6 +53,10 @@ pub use shell_common::config::{
     DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
 };
 
+use shell_common::shell::{
+    self, ClientSlot, ClientSlots, Closed, ConnectionError, FINAL_FLUSH_TIMEOUT, READ_SIZE,
+};
+
 use crate::core::{ConnectionConfig, Core, Stop, Work};
 use crate::pool::Pool;
 use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
@@ -61,12 +65,6 @@ use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
 /// client: one being written to the backend, the next being received).
 pub const DEFAULT_STREAM_CHUNK: usize = 8 << 20;
 
-/// Bytes received at once between messages.
-const READ_SIZE: usize = 64 * 1024;
-/// How long a failing connection may take to flush the responses it already owed.
-const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
-/// Pause after a failed accept (out of file descriptors and similar).
-const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// Data chunks kept for reuse per streaming connection.
 const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
@@ -173,11 +171,10 @@ impl Mailbox {
 struct Shared {
     backend: Arc<dyn Backend>,
     connection: ConnectionConfig,
-    max_clients: usize,
+    slots: ClientSlots,
     shutdown_grace: Duration,
     stream_chunk: usize,
     direct_threads: usize,
-    active: AtomicUsize,
     stop: AtomicBool,
     announced: AtomicBool,
     mailboxes: Vec<Arc<Mailbox>>,
@@ -276,11 +273,10 @@ impl Server {
         let shared = Arc::new(Shared {
             backend,
             connection,
-            max_clients: config.base.max_clients,
+            slots: ClientSlots::new(config.base.max_clients),
             shutdown_grace: config.base.shutdown_grace,
             stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
             direct_threads: config.direct_threads.max(1),
-            active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             announced: AtomicBool::new(false),
             mailboxes,
@@ -370,12 +366,7 @@ pub fn probe() -> io::Result<()> {
 }
 
 /// How a connection ended (for the log).
-enum Ending {
-    ByClient,
-    Shutdown,
-    Protocol(proto_core::Error),
-    Io(io::Error),
-}
+type Ending = Result<Closed, ConnectionError>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpKind {
@@ -397,6 +388,8 @@ enum AfterSend {
 }
 
 struct Conn {
+    /// The client's place among the server's clients, freed when the connection is.
+    slot: ClientSlot,
     /// Shared with a blocking thread while it runs a direct transfer.
     stream: Arc<TcpStream>,
     span: tracing::Span,
@@ -583,40 +576,28 @@ impl Loop {
         let stream = match result {
             Ok(stream) => stream,
             Err(error) => {
-                tracing::warn!(%error, kind = %error.kind(), "accept failed");
-                self.ring.timer(TAG_ACCEPT_RETRY, ACCEPT_RETRY);
+                shell::accept_failed(&error);
+                self.ring.timer(TAG_ACCEPT_RETRY, shell::ACCEPT_PAUSE);
                 return;
             }
         };
         self.post_accept();
         let peer = match stream.peer_addr() {
             Ok(peer) => peer,
-            Err(error) => {
-                tracing::warn!(%error, kind = %error.kind(), "accept failed");
-                return;
-            }
+            Err(error) => return shell::accept_failed(&error),
         };
         let shared = &self.shared;
-        if shared.active.fetch_add(1, Ordering::SeqCst) >= shared.max_clients {
-            shared.active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(
-                %peer,
-                max_clients = shared.max_clients,
-                "refusing client connection: too many clients"
-            );
+        let Some(slot) = shared.slots.admit(peer) else {
             return;
-        }
-        let span = tracing::info_span!("client", %peer);
+        };
+        let span = tracing::info_span!("client", %peer, shell = "uring");
         let core = {
             let _entered = span.enter();
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::warn!(%error, kind = %error.kind(), "cannot set TCP_NODELAY");
-            }
-            shell_common::tune_or_log(&stream);
-            tracing::info!("Accepted client connection");
+            shell::accepted(&stream);
             Core::new(shared.backend.clone(), &shared.connection)
         };
         let conn = Conn {
+            slot,
             stream: Arc::new(stream),
             span,
             core: None,
@@ -639,7 +620,7 @@ impl Loop {
                 }
                 self.advance(tag, None);
             }
-            Err(error) => self.finish(tag, Ending::Protocol(error)),
+            Err(error) => self.finish(tag, Err(error.into())),
         }
     }
 
@@ -656,10 +637,7 @@ impl Loop {
     fn begin_stop(&mut self) {
         self.stopping = true;
         if !self.shared.announced.swap(true, Ordering::SeqCst) {
-            tracing::info!(
-                open_connections = self.shared.active.load(Ordering::SeqCst),
-                "shutting down: no longer accepting clients"
-            );
+            shell::stopping(self.shared.slots.active());
         }
         match self.accept_op {
             Some(op) => self.ring.cancel(op),
@@ -681,10 +659,7 @@ impl Loop {
         if self.conns.len == 0 {
             return;
         }
-        tracing::warn!(
-            open_connections = self.conns.len,
-            "grace period over: dropping the remaining connections"
-        );
+        shell::grace_over(self.conns.len);
         for tag in self.conns.tags() {
             self.drop_conn(tag);
         }
@@ -703,7 +678,6 @@ impl Loop {
                 self.ring_direct -= 1;
             }
             drop(conn);
-            self.shared.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -727,7 +701,9 @@ impl Loop {
                 Some(DirectEnd::Declined { writable: false }) => conn.buffered_stream = true,
                 Some(DirectEnd::Stalled) => conn.stalled = true,
                 Some(DirectEnd::Eof) => return self.on_direct_eof(tag),
-                Some(DirectEnd::Io(error)) => return self.finish(tag, Ending::Io(error)),
+                Some(DirectEnd::Io(error)) => {
+                    return self.finish(tag, Err(ConnectionError::Io(error)))
+                }
             }
         }
         if conn.ending.is_some() {
@@ -850,7 +826,7 @@ impl Loop {
         conn.held.clear();
         conn.buffered_stream = false;
         if self.stopping {
-            return self.finish(tag, Ending::Shutdown);
+            return self.finish(tag, Ok(Closed::Shutdown));
         }
         let buf = std::mem::take(&mut conn.read_buf);
         let op = self.ring.recv(tag, fd, buf, READ_SIZE, false);
@@ -920,10 +896,7 @@ impl Loop {
         let Some(core) = self.conns.get_mut(tag).and_then(|conn| conn.core.as_mut()) else {
             return;
         };
-        let ending = match core.conn.handle_eof() {
-            Ok(()) => Ending::ByClient,
-            Err(error) => Ending::Protocol(error),
-        };
+        let ending = shell::end_of_input(&mut core.conn);
         self.finish(tag, ending);
     }
 
@@ -963,9 +936,9 @@ impl Loop {
         if let Err(error) = result {
             return match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
                 AfterSend::Close(ending) => self.finish(tag, ending),
-                _ if home => self.finish(tag, Ending::Io(error)),
+                _ if home => self.finish(tag, Err(ConnectionError::Io(error))),
                 // Closed when the core comes back from its blocking thread.
-                _ => conn.ending = Some(Ending::Io(error)),
+                _ => conn.ending = Some(Err(ConnectionError::Io(error))),
             };
         }
         if !bufs.is_empty() {
@@ -1025,7 +998,7 @@ impl Loop {
             return self.finish(tag, ending);
         }
         if let Err(error) = result {
-            return self.finish(tag, Ending::Io(error));
+            return self.finish(tag, Err(ConnectionError::Io(error)));
         }
         if let Some(kind) = kind {
             self.transfer(tag, kind);
@@ -1058,10 +1031,7 @@ impl Loop {
                     return self.advance(tag, None);
                 }
                 Ok(Some(Ok(0))) => {
-                    let ending = match core.conn.handle_eof() {
-                        Ok(()) => Ending::ByClient,
-                        Err(error) => Ending::Protocol(error),
-                    };
+                    let ending = shell::end_of_input(&mut core.conn);
                     return self.finish(tag, ending);
                 }
                 Ok(Some(result)) => (result, false),
@@ -1087,7 +1057,7 @@ impl Loop {
                     },
                 ));
             }
-            Err(error) => self.finish(tag, Ending::Io(error)),
+            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
         }
     }
 
@@ -1100,10 +1070,7 @@ impl Loop {
         };
         match result {
             Ok(0) => {
-                let ending = match core.conn.handle_eof() {
-                    Ok(()) => Ending::ByClient,
-                    Err(error) => Ending::Protocol(error),
-                };
+                let ending = shell::end_of_input(&mut core.conn);
                 self.finish(tag, ending);
             }
             Ok(_) => {
@@ -1113,9 +1080,9 @@ impl Loop {
                 self.advance(tag, None);
             }
             Err(error) if ring::cancelled(&error) && self.stopping => {
-                self.finish(tag, Ending::Shutdown)
+                self.finish(tag, Ok(Closed::Shutdown))
             }
-            Err(error) => self.finish(tag, Ending::Io(error)),
+            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
         }
     }
 
@@ -1128,10 +1095,7 @@ impl Loop {
         };
         match result {
             Ok(0) => {
-                let ending = match core.conn.handle_eof() {
-                    Ok(()) => Ending::ByClient,
-                    Err(error) => Ending::Protocol(error),
-                };
+                let ending = shell::end_of_input(&mut core.conn);
                 self.finish(tag, ending);
             }
             Ok(_) => {
@@ -1145,7 +1109,7 @@ impl Loop {
                 core.conn.handle_input(data);
                 self.advance(tag, None);
             }
-            Err(error) => self.finish(tag, Ending::Io(error)),
+            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
         }
     }
 
@@ -1157,7 +1121,7 @@ impl Loop {
         };
         if let Some((op, _)) = conn.op {
             self.ring.cancel(op);
-            conn.ending = Some(Ending::Protocol(error));
+            conn.ending = Some(Err(ConnectionError::Protocol(error)));
             return;
         }
         let owed = conn
@@ -1167,11 +1131,11 @@ impl Loop {
         if owed {
             self.send_outbox(
                 tag,
-                AfterSend::Close(Ending::Protocol(error)),
+                AfterSend::Close(Err(ConnectionError::Protocol(error))),
                 Some(FINAL_FLUSH_TIMEOUT),
             );
         } else {
-            self.finish(tag, Ending::Protocol(error));
+            self.finish(tag, Err(ConnectionError::Protocol(error)));
         }
     }
 
@@ -1186,21 +1150,26 @@ impl Loop {
             self.ring_direct -= 1;
         }
         let Conn {
-            stream, span, core, ..
+            stream,
+            span,
+            core,
+            slot,
+            ..
         } = conn;
         let closing = Closing {
             core,
+            slot,
             stream,
             span,
             ending,
         };
         if !closing.heavy_to_free() {
-            return closing.close(&self.shared);
+            return closing.close();
         }
         let shared = self.shared.clone();
         shared.freeing.begin();
         self.shared.pool.execute(move || {
-            closing.close(&shared);
+            closing.close();
             shared.freeing.end();
         });
     }
@@ -1210,6 +1179,7 @@ impl Loop {
 struct Closing {
     core: Option<Box<Core>>,
     stream: Arc<TcpStream>,
+    slot: ClientSlot,
     span: tracing::Span,
     ending: Ending,
 }
@@ -1223,31 +1193,19 @@ impl Closing {
     }
 
     /// Frees the client's buffers, closes the socket, logs the ending.
-    fn close(self, shared: &Shared) {
+    fn close(self) {
         let Closing {
             core,
             stream,
+            slot,
             span,
             ending,
         } = self;
         drop(core);
         drop(stream);
-        shared.active.fetch_sub(1, Ordering::SeqCst);
+        drop(slot);
         let _entered = span.enter();
-        match ending {
-            Ending::ByClient => tracing::info!("Client connection closed"),
-            Ending::Shutdown => tracing::info!("Client connection closed: server shutting down"),
-            Ending::Protocol(error) => tracing::warn!(
-                %error,
-                kind = %error.kind(),
-                "Client connection closed on error"
-            ),
-            Ending::Io(error) => tracing::warn!(
-                %error,
-                kind = %error.kind(),
-                "Client connection closed on I/O error"
-            ),
-        }
+        shell::log_end(&ending);
     }
 }
 
