@@ -159,7 +159,7 @@ impl<B: Backend + ?Sized> Pair<B> {
         }
     }
 
-    fn to_client(&mut self, mut bytes: Bytes) {
+    fn deliver_to_client(&mut self, mut bytes: Bytes) {
         while !bytes.is_empty() {
             let cut = 1 + self.rng.below(bytes.len());
             self.client.handle_input(bytes.split_to(cut));
@@ -175,7 +175,7 @@ impl<B: Backend + ?Sized> Pair<B> {
                 Action::Transmit => {
                     while let Some(bytes) = self.server.poll_transmit() {
                         sent = true;
-                        self.to_client(bytes);
+                        self.deliver_to_client(bytes);
                     }
                 }
                 // Not returned on `Place::Blocking`.
@@ -196,7 +196,7 @@ impl<B: Backend + ?Sized> Pair<B> {
                     if let Some(n) = moved {
                         self.sent_in_place += n;
                         sent = true;
-                        self.to_client(out.into());
+                        self.deliver_to_client(out.into());
                     }
                 }
                 Action::Receive(receive) => {

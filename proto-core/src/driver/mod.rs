@@ -109,6 +109,10 @@ pub enum CommWork {
     },
 }
 
+/// Sees every event before it runs (feature `testing`).
+#[cfg(feature = "testing")]
+type Observer = Box<dyn FnMut(&ServerEvent) + Send>;
+
 /// One client connection's protocol state (see the module docs).
 pub struct Connection<B: Backend + ?Sized = dyn Backend> {
     session: ServerSession,
@@ -126,7 +130,7 @@ pub struct Connection<B: Backend + ?Sized = dyn Backend> {
     failed: Option<Error>,
     /// Sees every event before it runs (fuzz targets check the session's event grammar).
     #[cfg(feature = "testing")]
-    observer: Option<Box<dyn FnMut(&ServerEvent) + Send>>,
+    observer: Option<Observer>,
 }
 
 impl<B: Backend + ?Sized> std::fmt::Debug for Connection<B> {
