@@ -119,9 +119,14 @@ pub enum Error {
         /// The uid (0 in protocol 7).
         uid: u64,
     },
-    /// The client exceeded a per-connection limit.
-    #[error("quota exceeded: {0}")]
-    QuotaExceeded(String),
+    /// The client asked for more buffer memory than its quota (`--memory-quota`).
+    #[error("quota exceeded: {requested} bytes of buffers requested, quota {quota}")]
+    QuotaExceeded {
+        /// Bytes the client would hold with the new buffer.
+        requested: u64,
+        /// The per-connection quota.
+        quota: u64,
+    },
     /// The server's HELLO reply announces a version we cannot talk to.
     #[error("server version {major}.{minor}.{patch} is incompatible with ours")]
     VersionMismatch {
@@ -156,7 +161,7 @@ pub enum Error {
     Closed,
     /// The server-to-server comm link failed.
     #[error("comm link: {0}")]
-    Comm(String),
+    Comm(crate::comm::CommError),
     /// The backend failed to execute a valid request.
     #[error("backend: {0}")]
     Backend(String),
@@ -318,7 +323,7 @@ impl Error {
             Error::InvalidGraph(_) => ErrorKind::InvalidGraph,
             Error::OpRefused { .. } => ErrorKind::OpRefused,
             Error::GraphNotFound { .. } => ErrorKind::GraphNotFound,
-            Error::QuotaExceeded(_) => ErrorKind::QuotaExceeded,
+            Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
             Error::VersionMismatch { .. } => ErrorKind::VersionMismatch,
             Error::ResponseSizeMismatch { .. } => ErrorKind::ResponseSizeMismatch,
             Error::UnexpectedResponse => ErrorKind::UnexpectedResponse,
@@ -333,7 +338,7 @@ impl Error {
 
 impl From<crate::comm::CommError> for Error {
     fn from(error: crate::comm::CommError) -> Error {
-        Error::Comm(error.to_string())
+        Error::Comm(error)
     }
 }
 

@@ -23,38 +23,6 @@ const CONNECT_TRIES: u32 = 100;
 const CONNECT_PAUSE: Duration = Duration::from_millis(50);
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 
-/// Why a comm link could not be set up or used.
-#[derive(Debug, thiserror::Error)]
-pub enum LinkError {
-    /// The peer broke the link protocol.
-    #[error(transparent)]
-    Comm(#[from] CommError),
-    /// The socket failed.
-    #[error(transparent)]
-    Io(#[from] io::Error),
-    /// The peer did not answer in time.
-    #[error("comm link timed out after {0:?}")]
-    Timeout(Duration),
-    /// COMM_INIT's port is not a TCP port.
-    #[error("invalid port {0}")]
-    InvalidPort(u32),
-    /// A rank above 0 was not told where rank 0 is.
-    #[error("rank > 0 without a host")]
-    NoHost,
-    /// The peer sent data the exchange did not ask for.
-    #[error("the peer sent data out of turn")]
-    OutOfTurn,
-    /// COMM_ALLREDUCE on a device without a link.
-    #[error("no comm link for device {0}")]
-    NoLink(u32),
-}
-
-impl From<LinkError> for proto_core::Error {
-    fn from(error: LinkError) -> proto_core::Error {
-        proto_core::Error::Comm(error.to_string())
-    }
-}
-
 /// An established link to the other rank of a device's communicator.
 #[derive(Debug)]
 pub struct CommLink {
@@ -70,11 +38,11 @@ impl CommLink {
     }
 
     /// Sets up the link that COMM_INIT asks for (world 2: the 8.0.0 link).
-    pub fn establish(request: &CommInitRequest, timeout: Duration) -> Result<CommLink, LinkError> {
+    pub fn establish(request: &CommInitRequest, timeout: Duration) -> Result<CommLink, CommError> {
         let port = u16::try_from(request.port)
             .ok()
             .filter(|&p| p != 0)
-            .ok_or(LinkError::InvalidPort(request.port))?;
+            .ok_or(CommError::InvalidPort { port: request.port })?;
         let (stream, mut handshake) = if request.rank == 0 {
             let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
             (accept_peer(port, timeout)?, handshake)
@@ -83,7 +51,7 @@ impl CommLink {
                 Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
             let host = request.host_str();
             if host.is_empty() {
-                return Err(LinkError::NoHost);
+                return Err(CommError::NoHost { rank: request.rank });
             }
             (connect_peer(&host, port)?, handshake)
         };
@@ -108,14 +76,14 @@ impl CommLink {
             let data = read_up_to(&mut link.stream, handshake.wanted(), deadline, timeout)?;
             if data.is_empty() {
                 handshake.handle_close()?;
-                return Err(CommError::ConnectionClosed { peer: None }.into());
+                return Err(CommError::ConnectionClosed { peer: None });
             }
             offer(&data, |piece| handshake.handle_input(piece))?;
         }
     }
 
     /// The pairwise all-reduce of one tensor; returns the sums.
-    pub fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, LinkError> {
+    pub fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, CommError> {
         let format = WireFormat::select(true, local.len() as u64);
         let mut machine = PairwiseAllReduce::new(self.rank, local, format)?;
         let deadline = Instant::now() + self.timeout;
@@ -129,11 +97,11 @@ impl CommLink {
             let data = read_up_to(&mut self.stream, machine.wanted(), deadline, self.timeout)?;
             if data.is_empty() {
                 machine.handle_close()?;
-                return Err(CommError::ConnectionClosed { peer: None }.into());
+                return Err(CommError::ConnectionClosed { peer: None });
             }
             offer(&data, |piece| machine.handle_input(piece))?;
         }
-        Ok(machine.into_result()?)
+        machine.into_result()
     }
 }
 
@@ -186,7 +154,7 @@ impl CommLinks {
                 let link = self
                     .links
                     .get_mut(&device)
-                    .ok_or(LinkError::NoLink(device))?;
+                    .ok_or(CommError::NoCommunicator { device })?;
                 let len = usize::try_from(elements)
                     .ok()
                     .and_then(|n| n.checked_mul(4))
@@ -215,7 +183,7 @@ impl CommLinks {
 }
 
 /// Rank 0: listens on `0.0.0.0:port` and accepts the one peer before `timeout`.
-fn accept_peer(port: u16, timeout: Duration) -> Result<TcpStream, LinkError> {
+fn accept_peer(port: u16, timeout: Duration) -> Result<TcpStream, CommError> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + timeout;
@@ -228,7 +196,7 @@ fn accept_peer(port: u16, timeout: Duration) -> Result<TcpStream, LinkError> {
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    return Err(LinkError::Timeout(timeout));
+                    return Err(timed_out(timeout));
                 }
                 std::thread::sleep(ACCEPT_POLL);
             }
@@ -238,7 +206,7 @@ fn accept_peer(port: u16, timeout: Duration) -> Result<TcpStream, LinkError> {
 }
 
 /// Rank 1: connects to rank 0, retrying while it is not listening yet.
-fn connect_peer(host: &str, port: u16) -> Result<TcpStream, LinkError> {
+fn connect_peer(host: &str, port: u16) -> Result<TcpStream, CommError> {
     let mut last = None;
     for _ in 0..CONNECT_TRIES {
         match TcpStream::connect((host, port)) {
@@ -261,10 +229,10 @@ fn read_up_to(
     max: usize,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Vec<u8>, LinkError> {
+) -> Result<Vec<u8>, CommError> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return Err(LinkError::Timeout(timeout));
+        return Err(timed_out(timeout));
     }
     stream.set_read_timeout(Some(left))?;
     let mut buf = vec![0u8; max.max(1)];
@@ -279,7 +247,7 @@ fn read_up_to(
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
             ) =>
         {
-            Err(LinkError::Timeout(timeout))
+            Err(timed_out(timeout))
         }
         Err(error) => Err(error.into()),
     }
@@ -289,14 +257,20 @@ fn read_up_to(
 fn offer(
     data: &[u8],
     mut handle: impl FnMut(&[u8]) -> Result<usize, CommError>,
-) -> Result<(), LinkError> {
+) -> Result<(), CommError> {
     let mut rest = data;
     while !rest.is_empty() {
         let consumed = handle(rest)?;
         if consumed == 0 {
-            return Err(LinkError::OutOfTurn);
+            return Err(CommError::OutOfTurn);
         }
         rest = rest.get(consumed..).unwrap_or_default();
     }
     Ok(())
+}
+
+fn timed_out(timeout: Duration) -> CommError {
+    CommError::Timeout {
+        millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
 }

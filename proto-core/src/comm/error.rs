@@ -91,10 +91,55 @@ pub enum CommError {
     /// `into_result` was called before the machine finished.
     #[error("the comm state machine has not finished")]
     NotDone,
+    /// COMM_ALLREDUCE on a device without a communicator (no COMM_INIT, or it failed).
+    #[error("no communicator for device {device}")]
+    NoCommunicator {
+        /// The device.
+        device: u32,
+    },
+    /// COMM_ALLREDUCE of a tensor that is not F32.
+    #[error("all-reduce needs an F32 tensor, got type {type_id}")]
+    NotF32 {
+        /// The tensor's ggml type id.
+        type_id: u32,
+    },
+    /// COMM_INIT's port is not a TCP port.
+    #[error("invalid port {port}")]
+    InvalidPort {
+        /// The port given.
+        port: u32,
+    },
+    /// A rank above 0 was not told where rank 0 is.
+    #[error("rank {rank} without a host to connect to")]
+    NoHost {
+        /// This server's rank.
+        rank: u32,
+    },
+    /// A peer did not answer within the comm timeout.
+    #[error("comm link timed out after {millis} ms")]
+    Timeout {
+        /// The timeout.
+        millis: u64,
+    },
+    /// The link's socket failed.
+    #[error("comm socket failed: {kind}")]
+    Socket {
+        /// What the operating system reported.
+        kind: std::io::ErrorKind,
+    },
+    /// The peer sent bytes the exchange in progress did not ask for.
+    #[error("the peer sent data out of turn")]
+    OutOfTurn,
     /// The driver called an operation the machine cannot take in its current state.
     #[error("operation not allowed in the current state: {operation}")]
     InvalidState {
         /// What was attempted.
         operation: &'static str,
     },
+}
+
+impl From<std::io::Error> for CommError {
+    fn from(error: std::io::Error) -> CommError {
+        CommError::Socket { kind: error.kind() }
+    }
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::backend::{Backend, TensorLocation};
+use crate::comm::CommError;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, GraphLimits};
 use crate::session::{ServerEvent, TensorWrite};
@@ -434,14 +435,17 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             Request::CommAllreduce { device, tensor } => {
                 let device = self.device(device)?;
                 if !self.communicators.contains(&device) {
-                    return Err(Error::Comm(format!("no communicator for device {device}")));
+                    return Err(CommError::NoCommunicator { device }.into());
                 }
                 let (_, byte_size) = self.buffers.resolve_in_buffer(&tensor)?;
                 if byte_size == 0 {
                     return Ok(Outcome::Done);
                 }
                 if tensor.type_id != crate::ggml::types::id::F32 {
-                    return Err(Error::Comm("all-reduce needs an F32 tensor".into()));
+                    return Err(CommError::NotF32 {
+                        type_id: tensor.type_id,
+                    }
+                    .into());
                 }
                 let elements = tensor.element_count()?;
                 let at =
@@ -536,9 +540,10 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         if let Some(quota) = self.config.memory_quota {
             let total = self.buffers.total_bytes().saturating_add(size);
             if total > quota {
-                return Err(Error::QuotaExceeded(format!(
-                    "{total} bytes of buffers requested, quota {quota}"
-                )));
+                return Err(Error::QuotaExceeded {
+                    requested: total,
+                    quota,
+                });
             }
         }
         let failed = Outcome::Respond(Response::AllocBuffer {
