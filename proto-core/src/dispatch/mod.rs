@@ -5,6 +5,19 @@
 //! from the [`crate::session::ServerSession`] and acts on each [`Outcome`]. Dropping the
 //! dispatcher frees everything the client held.
 
+// Hostile clients must not be able to crash a server: outside tests, no code here may index,
+// unwrap or panic.
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
 pub mod buffers;
 pub mod graph_cache;
 
@@ -501,15 +514,16 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             return Ok(Some(data));
         }
         let mut data = vec![0u8; piece];
-        let mut filled = 0usize;
-        while filled < data.len() {
-            let position = stream.produced + filled as u64;
-            let (at, take) = stream.target.locate(position, (data.len() - filled) as u64);
-            let take = take as usize;
-            self.backend.read(at, &mut data[filled..filled + take])?;
-            filled += take;
+        let mut rest = data.as_mut_slice();
+        while !rest.is_empty() {
+            let (at, take) = stream.target.locate(stream.produced, rest.len() as u64);
+            let (row, tail) = std::mem::take(&mut rest)
+                .split_at_mut_checked(to_usize(take)?)
+                .ok_or(Error::InvalidState("a row longer than the reply piece"))?;
+            self.backend.read(at, row)?;
+            stream.produced += take;
+            rest = tail;
         }
-        stream.produced += filled as u64;
         Ok(Some(data.into()))
     }
 
@@ -624,7 +638,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         }
         while !chunk.is_empty() {
             let (at, take) = stream.target.locate(stream.written, chunk.len() as u64);
-            let (piece, rest) = chunk.split_at(take as usize);
+            let (piece, rest) = chunk
+                .split_at_checked(to_usize(take)?)
+                .ok_or(Error::InvalidState("a row longer than the chunk"))?;
             self.backend.write(at, piece)?;
             stream.written += take;
             chunk = rest;
