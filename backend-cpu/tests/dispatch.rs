@@ -1,20 +1,24 @@
-//! `proto_core::dispatch::Dispatcher` driving a [`CpuBackend`] with real request values, the way
-//! a shell does for one connection.
+//! The connection driver every shell runs, over a [`CpuBackend`], driven by our client through
+//! `proto_core::testing::Pair` (every byte stream cut at random points, SET data received
+//! straight into backend memory and large replies sent from it, as a shell with a socket does).
 
 use std::sync::Arc;
 
 use backend_cpu::{CpuBackend, CpuConfig};
 use bytes::Bytes;
 use proto_core::backend::Backend;
-use proto_core::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+use proto_core::dispatch::DispatcherConfig;
 use proto_core::ggml::types::id;
 use proto_core::ggml::{flags, Op};
-use proto_core::session::{ServerEvent, TensorWrite};
+use proto_core::session::ClientEvent;
+use proto_core::testing::Pair;
 use proto_core::wire::{
     AllocSizeRequest, GraphComputeRequest, ProtocolVersion, Request, Response, RpcTensor,
     SetTensorHeader,
 };
-use proto_core::{Error, ErrorKind, Result};
+use proto_core::{Error, ErrorKind};
+
+type Conn = Pair<CpuBackend>;
 
 fn cpu() -> Arc<CpuBackend> {
     Arc::new(CpuBackend::new(CpuConfig {
@@ -23,45 +27,42 @@ fn cpu() -> Arc<CpuBackend> {
     }))
 }
 
-fn connect(backend: &Arc<CpuBackend>, version: ProtocolVersion) -> Dispatcher<CpuBackend> {
-    let mut dispatcher = Dispatcher::new(backend.clone(), DispatcherConfig::new(version)).unwrap();
-    let hello = respond(&mut dispatcher, Request::Hello { caps: [0; 24] });
-    assert!(matches!(hello, Response::Hello { version: v, .. } if v == version));
-    dispatcher
+fn connect(backend: &Arc<CpuBackend>, version: ProtocolVersion) -> Conn {
+    let config = DispatcherConfig::new(version);
+    let mut pair = Pair::with_backend(version, backend.clone(), config, 7).in_place();
+    let ClientEvent::Connected(hello) = pair.connect() else {
+        panic!("HELLO not answered");
+    };
+    assert_eq!(hello.version, version);
+    pair
 }
 
-fn request(dispatcher: &mut Dispatcher<CpuBackend>, request: Request) -> Result<Outcome> {
-    dispatcher.handle(ServerEvent::Request(request))
-}
-
-fn respond(dispatcher: &mut Dispatcher<CpuBackend>, req: Request) -> Response {
-    match request(dispatcher, req).unwrap() {
-        Outcome::Respond(response) => response,
-        other => panic!("expected a response, got {other:?}"),
+/// Sends a request; its response if it has one, else `None`; the error that closed the
+/// connection if it failed.
+fn request(conn: &mut Conn, request: Request) -> Result<Option<Response>, Error> {
+    conn.client.send(&request).unwrap();
+    let events = conn.drive().unwrap();
+    if let Some(error) = &conn.server_error {
+        return Err(error.clone());
+    }
+    match events.as_slice() {
+        [] => Ok(None),
+        [ClientEvent::Response(response)] => Ok(Some(response.clone())),
+        other => panic!("unexpected client events {other:?}"),
     }
 }
 
-fn done(dispatcher: &mut Dispatcher<CpuBackend>, req: Request) {
-    assert_eq!(request(dispatcher, req).unwrap(), Outcome::Done);
+fn respond(conn: &mut Conn, req: Request) -> Response {
+    conn.call(req)
+}
+
+fn done(conn: &mut Conn, req: Request) {
+    conn.cast(req)
 }
 
 /// ALLOC_BUFFER + BUFFER_GET_BASE: (handle, base).
-fn alloc(dispatcher: &mut Dispatcher<CpuBackend>, size: u64) -> (u64, u64) {
-    let Response::AllocBuffer {
-        remote_ptr,
-        remote_size,
-    } = respond(dispatcher, Request::AllocBuffer { device: 0, size })
-    else {
-        panic!("ALLOC_BUFFER answered something else");
-    };
-    assert_ne!(remote_ptr, 0, "allocation of {size} bytes failed");
-    assert_eq!(remote_size, size);
-    let Response::BufferBase(base) =
-        respond(dispatcher, Request::BufferGetBase { buffer: remote_ptr })
-    else {
-        panic!("BUFFER_GET_BASE answered something else");
-    };
-    (remote_ptr, base)
+fn alloc(conn: &mut Conn, size: u64) -> (u64, u64) {
+    conn.alloc(size)
 }
 
 /// An F32 tensor of `ne` placed at `data` in `buffer`.
@@ -73,41 +74,32 @@ fn f32_tensor(id: u64, ne: [u32; 4], buffer: u64, data: u64) -> RpcTensor {
     }
 }
 
-fn set(
-    dispatcher: &mut Dispatcher<CpuBackend>,
-    tensor: &RpcTensor,
-    offset: u64,
-    data: &[u8],
-) -> Result<Outcome> {
+fn set(conn: &mut Conn, tensor: &RpcTensor, offset: u64, data: &[u8]) -> Result<(), Error> {
     let header = Box::new(SetTensorHeader {
         tensor: tensor.clone(),
         cache_flag: 0,
         offset,
     });
     request(
-        dispatcher,
+        conn,
         Request::SetTensor {
             header,
             data: Bytes::copy_from_slice(data),
         },
     )
+    .map(|_| ())
 }
 
-fn get(
-    dispatcher: &mut Dispatcher<CpuBackend>,
-    tensor: &RpcTensor,
-    offset: u64,
-    size: u64,
-) -> Result<Vec<u8>> {
+fn get(conn: &mut Conn, tensor: &RpcTensor, offset: u64, size: u64) -> Result<Vec<u8>, Error> {
     match request(
-        dispatcher,
+        conn,
         Request::GetTensor {
             tensor: Box::new(tensor.clone()),
             offset,
             size,
         },
     )? {
-        Outcome::Respond(Response::TensorData(data)) => Ok(data.to_vec()),
+        Some(Response::TensorData(data)) => Ok(data.to_vec()),
         other => panic!("GET_TENSOR answered {other:?}"),
     }
 }
@@ -175,22 +167,8 @@ fn data_commands_are_byte_exact() {
         "untouched memory is zero"
     );
 
-    // A streamed write in uneven pieces lands exactly like a whole one.
-    let header = Box::new(SetTensorHeader {
-        tensor: dst.clone(),
-        cache_flag: 0,
-        offset: 16,
-    });
-    conn.handle(ServerEvent::TensorWriteBegin {
-        write: TensorWrite::Set(header),
-        data_len: 100,
-    })
-    .unwrap();
-    for piece in data[..100].chunks(33) {
-        conn.handle(ServerEvent::TensorData(Bytes::copy_from_slice(piece)))
-            .unwrap();
-    }
-    conn.handle(ServerEvent::TensorWriteEnd).unwrap();
+    // A write at an offset, streamed in the pair's random pieces, lands exactly there.
+    set(&mut conn, &dst, 16, &data[..100]).unwrap();
     let got = get(&mut conn, &dst, 0, 256).unwrap();
     assert_eq!(&got[..16], &[0; 16]);
     assert_eq!(&got[16..116], &data[..100]);
@@ -238,6 +216,8 @@ fn data_commands_are_byte_exact() {
     assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
     let gone = request(&mut conn, Request::BufferGetBase { buffer }).unwrap_err();
     assert_eq!(gone.kind(), ErrorKind::UnknownBuffer);
+    drop(conn);
+    assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
 }
 
 #[test]
@@ -264,59 +244,80 @@ fn copies_between_two_buffers_of_one_connection() {
 #[test]
 fn out_of_range_regions_are_rejected_and_change_nothing() {
     let backend = cpu();
-    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
-    let (buffer, base) = alloc(&mut conn, 256);
-    let tensor = f32_tensor(1, [16, 2, 1, 1], buffer, base + 128); // the last 128 bytes
-    let kind = |r: Result<Outcome>| r.unwrap_err().kind();
+    // A bystander's data, which no refused request may touch.
+    let mut bystander = connect(&backend, ProtocolVersion::V8_0_0);
+    let (kept, kept_base) = alloc(&mut bystander, 256);
+    let kept_tensor = f32_tensor(9, [64, 1, 1, 1], kept, kept_base);
+    let pattern: Vec<u8> = (0..=255).collect();
+    set(&mut bystander, &kept_tensor, 0, &pattern).unwrap();
 
+    // Each hostile request on a connection of its own (it closes that connection), against a
+    // 256-byte buffer whose tensor is its last 128 bytes.
+    let refused = |attack: &dyn Fn(u64, u64, &RpcTensor) -> Request| -> ErrorKind {
+        let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+        let (buffer, base) = alloc(&mut conn, 256);
+        let tensor = f32_tensor(1, [16, 2, 1, 1], buffer, base + 128);
+        let error = request(&mut conn, attack(buffer, base, &tensor)).unwrap_err();
+        drop(conn);
+        error.kind()
+    };
+    let set_req = |tensor: RpcTensor, offset: u64, len: usize| Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor,
+            cache_flag: 0,
+            offset,
+        }),
+        data: Bytes::from(vec![1; len]),
+    };
+    let get_req = |tensor: RpcTensor, offset: u64, size: u64| Request::GetTensor {
+        tensor: Box::new(tensor),
+        offset,
+        size,
+    };
     // Past the tensor (and the buffer).
     assert_eq!(
-        kind(set(&mut conn, &tensor, 120, &[1; 16])),
+        refused(&|_, _, t| set_req(t.clone(), 120, 16)),
         ErrorKind::OutOfBounds
     );
     assert_eq!(
-        get(&mut conn, &tensor, 0, 129).unwrap_err().kind(),
+        refused(&|_, _, t| get_req(t.clone(), 0, 129)),
         ErrorKind::OutOfBounds
     );
     assert_eq!(
-        get(&mut conn, &tensor, u64::MAX, 1).unwrap_err().kind(),
+        refused(&|_, _, t| get_req(t.clone(), u64::MAX, 1)),
         ErrorKind::SizeOverflow
     );
-    let memset = Request::MemsetTensor {
-        tensor: Box::new(tensor.clone()),
+    let memset = |_: u64, _: u64, t: &RpcTensor| Request::MemsetTensor {
+        tensor: Box::new(t.clone()),
         offset: 64,
         size: 65,
         value: 9,
     };
-    assert_eq!(kind(request(&mut conn, memset)), ErrorKind::OutOfBounds);
+    assert_eq!(refused(&memset), ErrorKind::OutOfBounds);
     // A tensor that does not fit where it claims to be.
-    let straddling = f32_tensor(2, [16, 2, 1, 1], buffer, base + 200);
     assert_eq!(
-        kind(set(&mut conn, &straddling, 0, &[1; 4])),
+        refused(&|buffer, base, _| set_req(f32_tensor(2, [16, 2, 1, 1], buffer, base + 200), 0, 4)),
         ErrorKind::OutOfBounds
     );
-    let before = f32_tensor(3, [4, 1, 1, 1], buffer, base - 16);
     assert_eq!(
-        get(&mut conn, &before, 0, 4).unwrap_err().kind(),
+        refused(&|buffer, base, _| get_req(f32_tensor(3, [4, 1, 1, 1], buffer, base - 16), 0, 4)),
         ErrorKind::OutOfBounds
     );
     // COPY_TENSOR whose source is larger than its destination's room.
-    let big = f32_tensor(4, [32, 2, 1, 1], buffer, base);
-    let copy = Request::CopyTensor {
-        src: Box::new(big),
-        dst: Box::new(tensor.clone()),
+    let copy = |buffer: u64, base: u64, t: &RpcTensor| Request::CopyTensor {
+        src: Box::new(f32_tensor(4, [32, 2, 1, 1], buffer, base)),
+        dst: Box::new(t.clone()),
     };
-    assert_eq!(kind(request(&mut conn, copy)), ErrorKind::OutOfBounds);
+    assert_eq!(refused(&copy), ErrorKind::OutOfBounds);
     // A handle this connection does not own.
-    let foreign = f32_tensor(5, [4, 1, 1, 1], buffer ^ 2, base);
     assert_eq!(
-        kind(set(&mut conn, &foreign, 0, &[1; 4])),
+        refused(&|buffer, base, _| set_req(f32_tensor(5, [4, 1, 1, 1], buffer ^ 2, base), 0, 4)),
         ErrorKind::UnknownBuffer
     );
 
-    // Nothing was written by any refused request.
-    let whole = f32_tensor(6, [64, 1, 1, 1], buffer, base);
-    assert_eq!(get(&mut conn, &whole, 0, 256).unwrap(), vec![0; 256]);
+    // Every refused connection freed its buffer, and the bystander's data is intact.
+    assert_eq!(backend.live_buffers(), 1);
+    assert_eq!(get(&mut bystander, &kept_tensor, 0, 256).unwrap(), pattern);
 }
 
 /// A graph over one 4x4 F32 weight `w` at `base`: `view` (VIEW of w) and `reshape`
@@ -422,11 +423,9 @@ fn graphs_of_views_run_mul_mat_computes_and_unsupported_ops_are_refused() {
             reason: "not implemented by the CPU backend"
         }
     );
-    // Refused before anything ran: neither output was written, and the graph was not stored.
-    assert_eq!(get(&mut conn, &c, 0, 16).unwrap(), vec![0; 16]);
-    assert_eq!(get(&mut conn, &d, 0, 16).unwrap(), vec![0; 16]);
-    let missing = request(&mut conn, Request::GraphRecompute { device: 0, uid: 9 }).unwrap_err();
-    assert_eq!(missing.kind(), ErrorKind::GraphNotFound);
+    // The refusal closed the connection, which freed what it held.
+    drop(conn);
+    assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
 }
 
 #[test]
