@@ -261,10 +261,9 @@ pub fn run(data: &[u8]) -> ComputeOutcome {
                 .checked_add(size)
                 .is_some_and(|end| end <= BUFFER_SIZE);
         if !inside {
-            return Err(Error::InvalidGraph(format!(
-                "tensor {} lies outside its buffer",
-                record.id
-            )));
+            return Err(Error::InvalidGraph(
+                proto_core::graph::GraphError::OutsideBuffer { tensor: record.id },
+            ));
         }
         Ok(Some(TensorLocation {
             buffer: buffer.id,

@@ -3,7 +3,18 @@
 //! Every failure closes the offending connection (the protocol has no error replies), so the
 //! variants exist to make the logged reason precise; [`ErrorKind`] gives each a stable name that
 //! the test vectors refer to.
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 
+use crate::graph::GraphError;
 use crate::wire::Command;
 
 /// Everything that can go wrong while decoding, validating or executing a message.
@@ -102,7 +113,7 @@ pub enum Error {
     OutOfBounds(&'static str),
     /// A graph that fails structural validation.
     #[error("invalid graph: {0}")]
-    InvalidGraph(String),
+    InvalidGraph(#[from] GraphError),
     /// A graph op that the server refuses to run (custom ops, unsupported ops).
     #[error("op {op} refused: {reason}")]
     OpRefused {

@@ -182,8 +182,11 @@ fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
 }
 
-fn invalid(what: &str) -> Error {
-    Error::InvalidGraph(format!("CPU compute: {what}"))
+fn invalid(what: &'static str) -> Error {
+    Error::InvalidGraph(proto_core::graph::GraphError::BadStorage {
+        backend: "CPU",
+        reason: what,
+    })
 }
 
 /// One past the last byte that an in-range index of `layout` can touch, relative to the

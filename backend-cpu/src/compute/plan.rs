@@ -759,11 +759,11 @@ impl Checker<'_> {
     }
 
     fn bad(&self, what: impl std::fmt::Display) -> Error {
-        Error::InvalidGraph(format!(
-            "node {:#x} ({}): {what}",
-            self.node.record.id,
-            op_name(self.op()).unwrap_or("?")
-        ))
+        Error::InvalidGraph(proto_core::graph::GraphError::BadNode {
+            node: self.node.record.id,
+            op: op_name(self.op()).unwrap_or("?"),
+            reason: what.to_string(),
+        })
     }
 
     fn param(&self, slot: usize) -> i32 {

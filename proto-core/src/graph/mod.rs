@@ -18,13 +18,26 @@
 //!   ggml's table that is not a custom op, and a valid unary/GLU sub-op where applicable;
 //! * a non-empty view lies inside its `view_src` (`view_offs + byte_size <= byte_size(view_src)`);
 //! * every non-empty tensor that a node with the COMPUTE flag reads or writes has a location.
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 
+mod error;
 mod validate;
 
 use crate::backend::TensorLocation;
 use crate::error::Result;
 use crate::ggml::{flags, Op};
 use crate::wire::{GraphComputeRequest, RpcTensor, MAX_SRC};
+
+pub use error::{GraphError, Link};
 
 /// Index of a tensor in [`Graph::tensors`].
 pub type TensorIndex = u32;
@@ -126,8 +139,8 @@ impl Graph {
     /// buffer (the dispatcher implements it against its buffer table). Its errors are returned
     /// unchanged.
     ///
-    /// Errors: [`Error::InvalidGraph`](crate::Error::InvalidGraph) for structural problems
-    /// (limits, empty node list, zero/duplicate/unknown ids, dangling links, cycles, views
+    /// Errors: [`Error::InvalidGraph`](crate::Error::InvalidGraph) with a [`GraphError`] for
+    /// structural problems (limits, empty node list, zero/duplicate/unknown ids, dangling links, cycles, views
     /// outside their source, nodes out of order, computed tensors without storage);
     /// [`Error::OpRefused`](crate::Error::OpRefused) for op ids outside ggml's table, custom ops
     /// and unknown unary/GLU sub-ops; the errors of [`RpcTensor::validate_shape`] and
@@ -144,9 +157,17 @@ impl Graph {
     /// The tensor at `index`.
     ///
     /// # Panics
-    /// If `index` is out of range; indices stored in a decoded graph never are.
+    /// If `index` is out of range; indices stored in a decoded graph never are. [`Graph::get`]
+    /// is the checked form.
+    // A documented panicking accessor, like slice indexing; the checked form is `get`.
+    #[allow(clippy::indexing_slicing)]
     pub fn tensor(&self, index: TensorIndex) -> &GraphTensor {
         &self.tensors[slot(index)]
+    }
+
+    /// The tensor at `index`, or `None` if `index` is out of range.
+    pub fn get(&self, index: TensorIndex) -> Option<&GraphTensor> {
+        self.tensors.get(slot(index))
     }
 
     /// The node tensors in execution order, including those without the COMPUTE flag.
@@ -244,7 +265,8 @@ mod tests {
     #[track_caller]
     fn assert_invalid(result: Result<Graph>, needle: &str) {
         match result {
-            Err(Error::InvalidGraph(message)) => {
+            Err(Error::InvalidGraph(error)) => {
+                let message = error.to_string();
                 assert!(message.contains(needle), "{message:?} lacks {needle:?}")
             }
             other => panic!("expected InvalidGraph({needle:?}), got {other:?}"),

@@ -8,14 +8,39 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use super::{slot, Graph, GraphLimits, GraphTensor, TensorIndex};
+use super::{slot, Graph, GraphError, GraphLimits, GraphTensor, Link, TensorIndex};
 use crate::backend::TensorLocation;
 use crate::error::{Error, Result};
 use crate::ggml::{GluOp, Op, UnaryOp};
 use crate::wire::{GraphComputeRequest, RpcTensor, MAX_SRC};
 
-fn invalid(reason: String) -> Error {
-    Error::InvalidGraph(reason)
+fn invalid(error: GraphError) -> Error {
+    Error::InvalidGraph(error)
+}
+
+/// The error for an index outside a list of `len` entries: unreachable for the indices the
+/// decoder builds, which all come from positions in the tensor list.
+#[cold]
+#[inline(never)]
+fn out_of_range(index: TensorIndex, len: usize) -> Error {
+    invalid(GraphError::IndexOutOfRange { index, len })
+}
+
+/// `items[index]`, checked.
+#[inline]
+fn at<T>(items: &[T], index: TensorIndex) -> Result<&T> {
+    items
+        .get(slot(index))
+        .ok_or_else(|| out_of_range(index, items.len()))
+}
+
+/// `&mut items[index]`, checked.
+#[inline]
+fn at_mut<T>(items: &mut [T], index: TensorIndex) -> Result<&mut T> {
+    let len = items.len();
+    items
+        .get_mut(slot(index))
+        .ok_or_else(|| out_of_range(index, len))
 }
 
 pub(super) fn decode(
@@ -27,23 +52,25 @@ pub(super) fn decode(
     let n_tensors = request.tensors.len();
     if n_nodes == 0 {
         // The reference client asserts n_nodes > 0; an empty graph is not something it sends.
-        return Err(invalid("the node list is empty".into()));
+        return Err(invalid(GraphError::EmptyNodeList));
     }
     if n_nodes > limits.max_nodes {
-        return Err(invalid(format!(
-            "{n_nodes} nodes exceed the limit of {}",
-            limits.max_nodes
-        )));
+        return Err(invalid(GraphError::TooManyNodes {
+            limit: limits.max_nodes,
+            got: n_nodes,
+        }));
     }
     if n_tensors > limits.max_tensors {
-        return Err(invalid(format!(
-            "{n_tensors} tensors exceed the limit of {}",
-            limits.max_tensors
-        )));
+        return Err(invalid(GraphError::TooManyTensors {
+            limit: limits.max_tensors,
+            got: n_tensors,
+        }));
     }
     // Only reachable with limits configured above u32::MAX: indices must fit a TensorIndex.
     if TensorIndex::try_from(n_tensors).is_err() {
-        return Err(invalid(format!("{n_tensors} tensors cannot be indexed")));
+        return Err(invalid(GraphError::TensorsNotIndexable {
+            count: n_tensors,
+        }));
     }
 
     let mut tensors = Vec::with_capacity(n_tensors);
@@ -74,7 +101,7 @@ pub(super) fn decode(
 fn check_record(position: usize, record: &RpcTensor) -> Result<GraphTensor> {
     if record.id == 0 {
         // 0 means "no tensor" in every link field, so a tensor with id 0 could never be named.
-        return Err(invalid(format!("tensor #{position} has id 0")));
+        return Err(invalid(GraphError::ZeroTensorId { position }));
     }
     // G3: ggml's constructor aborts on an element count overflowing i64 and silently truncates
     // sizes for a misaligned ne[0].
@@ -128,11 +155,11 @@ fn index_ids(records: &[RpcTensor]) -> Result<HashMap<u64, TensorIndex>> {
                 entry.insert(index);
             }
             Entry::Occupied(entry) => {
-                return Err(invalid(format!(
-                    "tensor id {:#x} appears twice (#{} and #{position})",
-                    record.id,
-                    entry.get()
-                )));
+                return Err(invalid(GraphError::DuplicateId {
+                    id: record.id,
+                    first: *entry.get(),
+                    second: position,
+                }));
             }
         }
     }
@@ -141,7 +168,7 @@ fn index_ids(records: &[RpcTensor]) -> Result<HashMap<u64, TensorIndex>> {
 
 fn to_index(position: usize) -> Result<TensorIndex> {
     TensorIndex::try_from(position)
-        .map_err(|_| invalid(format!("tensor #{position} cannot be indexed")))
+        .map_err(|_| invalid(GraphError::PositionNotIndexable { position }))
 }
 
 /// Turns every non-zero `src[i]` / `view_src` id into an index; an id missing from the list is
@@ -149,23 +176,22 @@ fn to_index(position: usize) -> Result<TensorIndex> {
 fn resolve_links(tensors: &mut [GraphTensor], ids: &HashMap<u64, TensorIndex>) -> Result<()> {
     for tensor in tensors.iter_mut() {
         let owner = tensor.record.id;
-        // The field name is only formatted on the error path: this loop runs for every link
-        // of every tensor.
-        let lookup = |field: &dyn Fn() -> String, id: u64| -> Result<Option<TensorIndex>> {
+        let lookup = |link: Link, id: u64| -> Result<Option<TensorIndex>> {
             if id == 0 {
                 return Ok(None);
             }
             ids.get(&id).copied().map(Some).ok_or_else(|| {
-                invalid(format!(
-                    "tensor {owner:#x}: {} = {id:#x} is not among the tensors",
-                    field()
-                ))
+                invalid(GraphError::DanglingLink {
+                    tensor: owner,
+                    link,
+                    id,
+                })
             })
         };
-        for (i, &id) in tensor.record.src.iter().enumerate() {
-            tensor.src[i] = lookup(&|| format!("src[{i}]"), id)?;
+        for (i, (resolved, &id)) in tensor.src.iter_mut().zip(&tensor.record.src).enumerate() {
+            *resolved = lookup(Link::Src(i), id)?;
         }
-        tensor.view_src = lookup(&|| "view_src".to_string(), tensor.record.view_src)?;
+        tensor.view_src = lookup(Link::ViewSrc, tensor.record.view_src)?;
     }
     Ok(())
 }
@@ -180,22 +206,32 @@ fn topological_order(tensors: &[GraphTensor]) -> Result<Vec<TensorIndex>> {
     // users[start[d]..start[d + 1]]: the tensors linking to d, so that ordering d releases
     // exactly its users (a compressed adjacency list: two allocations instead of n).
     let mut start = vec![0usize; n + 1];
-    for (t, tensor) in tensors.iter().enumerate() {
+    for ((t, tensor), count) in tensors.iter().enumerate().zip(pending.iter_mut()) {
         for target in tensor.links(to_index(t)?) {
-            pending[t] += 1;
-            start[slot(target) + 1] += 1;
+            *count += 1;
+            // start[target + 1]
+            *start
+                .get_mut(slot(target) + 1)
+                .ok_or_else(|| out_of_range(target, n))? += 1;
         }
     }
-    for d in 0..n {
-        start[d + 1] += start[d];
+    // Prefix sums: start[d] becomes the number of links to targets before d.
+    let mut total = 0;
+    for entry in start.iter_mut() {
+        total += *entry;
+        *entry = total;
     }
     let mut next = start.clone();
-    let mut users = vec![0 as TensorIndex; start[n]];
+    let mut users = vec![0 as TensorIndex; total];
     for (t, tensor) in tensors.iter().enumerate() {
         let user = to_index(t)?;
         for target in tensor.links(user) {
-            users[next[slot(target)]] = user;
-            next[slot(target)] += 1;
+            let cursor = at_mut(&mut next, target)?;
+            // The cursor stays below start[target + 1] <= total: it advances once per link.
+            *users
+                .get_mut(*cursor)
+                .ok_or_else(|| out_of_range(target, n))? = user;
+            *cursor += 1;
         }
     }
 
@@ -209,19 +245,25 @@ fn topological_order(tensors: &[GraphTensor]) -> Result<Vec<TensorIndex>> {
     let mut head = 0;
     while let Some(&done) = order.get(head) {
         head += 1;
-        for &user in &users[start[slot(done)]..start[slot(done) + 1]] {
-            pending[slot(user)] -= 1;
-            if pending[slot(user)] == 0 {
+        // users[start[done]..start[done + 1]]
+        let released = match start.get(slot(done)..slot(done) + 2) {
+            Some(&[from, to]) => users.get(from..to),
+            _ => None,
+        }
+        .ok_or_else(|| out_of_range(done, n))?;
+        for &user in released {
+            let count = at_mut(&mut pending, user)?;
+            *count -= 1;
+            if *count == 0 {
                 order.push(user);
             }
         }
     }
     if order.len() < n {
         let member = cycle_member(tensors, &pending);
-        return Err(invalid(format!(
-            "the src/view_src links form a cycle through tensor {:#x}",
-            tensors[slot(member)].record.id
-        )));
+        return Err(invalid(GraphError::Cycle {
+            tensor: at(tensors, member)?.record.id,
+        }));
     }
     Ok(order)
 }
@@ -230,7 +272,7 @@ fn topological_order(tensors: &[GraphTensor]) -> Result<Vec<TensorIndex>> {
 /// least one unordered tensor, so following such links from any of them must revisit one within
 /// n steps; the first revisited tensor lies on a cycle.
 fn cycle_member(tensors: &[GraphTensor], pending: &[u32]) -> TensorIndex {
-    let unordered = |t: &TensorIndex| pending[slot(*t)] > 0;
+    let unordered = |t: &TensorIndex| pending.get(slot(*t)).is_some_and(|&count| count > 0);
     let mut seen = vec![false; tensors.len()];
     let Some(mut current) = (0..tensors.len())
         .filter_map(|t| TensorIndex::try_from(t).ok())
@@ -238,9 +280,16 @@ fn cycle_member(tensors: &[GraphTensor], pending: &[u32]) -> TensorIndex {
     else {
         return 0;
     };
-    while !seen[slot(current)] {
-        seen[slot(current)] = true;
-        match tensors[slot(current)].links(current).find(|t| unordered(t)) {
+    // Every index here is a resolved link, so the lookups succeed; were one to fail, `current`
+    // would still be a sound thing to name.
+    while let Some(visited) = seen.get_mut(slot(current)) {
+        if std::mem::replace(visited, true) {
+            break;
+        }
+        let Some(tensor) = tensors.get(slot(current)) else {
+            break;
+        };
+        match tensor.links(current).find(|t| unordered(t)) {
             Some(target) => current = target,
             // Unreachable by the invariant above; `current` is still a sound thing to name.
             None => break,
@@ -259,16 +308,19 @@ fn check_view(tensor: &GraphTensor, tensors: &[GraphTensor]) -> Result<()> {
     if tensor.byte_size == 0 {
         return Ok(());
     }
-    let source = &tensors[slot(source)];
+    let source = at(tensors, source)?;
     let offset = tensor.record.view_offs;
     let fits = offset
         .checked_add(tensor.byte_size)
         .is_some_and(|end| end <= source.byte_size);
     if !fits {
-        return Err(invalid(format!(
-            "view {:#x} ({} bytes at offset {offset}) exceeds its view_src {:#x} ({} bytes)",
-            tensor.record.id, tensor.byte_size, source.record.id, source.byte_size
-        )));
+        return Err(invalid(GraphError::ViewOutOfBounds {
+            view: tensor.record.id,
+            size: tensor.byte_size,
+            offset,
+            view_src: source.record.id,
+            view_src_size: source.byte_size,
+        }));
     }
     Ok(())
 }
@@ -286,19 +338,21 @@ fn node_indices(
     let mut positions: Vec<Option<usize>> = vec![None; n_tensors];
     for (position, &id) in node_ids.iter().enumerate() {
         if id == 0 {
-            return Err(invalid(format!("node #{position} has id 0")));
+            return Err(invalid(GraphError::ZeroNodeId { position }));
         }
-        let index = ids.get(&id).copied().ok_or_else(|| {
-            invalid(format!(
-                "node #{position}: id {id:#x} is not among the tensors"
-            ))
-        })?;
-        if let Some(first) = positions[slot(index)] {
-            return Err(invalid(format!(
-                "node {id:#x} is listed twice (#{first} and #{position})"
-            )));
+        let index = ids
+            .get(&id)
+            .copied()
+            .ok_or_else(|| invalid(GraphError::UnknownNode { position, id }))?;
+        let listed = at_mut(&mut positions, index)?;
+        if let Some(first) = *listed {
+            return Err(invalid(GraphError::DuplicateNode {
+                id,
+                first,
+                second: position,
+            }));
         }
-        positions[slot(index)] = Some(position);
+        *listed = Some(position);
         nodes.push(index);
     }
     Ok((nodes, positions))
@@ -319,21 +373,23 @@ fn check_node_order(
     // order so that the view_src's entry is final before t's is computed.
     let mut latest: Vec<Option<usize>> = vec![None; tensors.len()];
     for &t in order {
-        let via_source = tensors[slot(t)]
-            .view_src
-            .and_then(|source| latest[slot(source)]);
-        latest[slot(t)] = positions[slot(t)].max(via_source);
+        let via_source = match at(tensors, t)?.view_src {
+            Some(source) => *at(&latest, source)?,
+            None => None,
+        };
+        *at_mut(&mut latest, t)? = (*at(positions, t)?).max(via_source);
     }
     for (position, &node) in nodes.iter().enumerate() {
-        let tensor = &tensors[slot(node)];
+        let tensor = at(tensors, node)?;
         for read in tensor.links(node) {
             // `producer == position` would need a cycle, already rejected.
-            if let Some(producer) = latest[slot(read)].filter(|&p| p >= position) {
-                return Err(invalid(format!(
-                    "node #{position} ({:#x}) uses tensor {:#x}, which node #{producer} produces later",
-                    tensor.record.id,
-                    tensors[slot(read)].record.id
-                )));
+            if let Some(producer) = at(&latest, read)?.filter(|&p| p >= position) {
+                return Err(invalid(GraphError::UsesLaterNode {
+                    position,
+                    node: tensor.record.id,
+                    tensor: at(tensors, read)?.record.id,
+                    producer,
+                }));
             }
         }
     }
@@ -345,17 +401,18 @@ fn check_node_order(
 /// own. Nodes without COMPUTE are never executed, so they need nothing.
 fn check_storage(nodes: &[TensorIndex], tensors: &[GraphTensor]) -> Result<()> {
     for &node in nodes {
-        let tensor = &tensors[slot(node)];
+        let tensor = at(tensors, node)?;
         if !tensor.is_compute() {
             continue;
         }
         for used in std::iter::once(node).chain(tensor.sources()) {
-            let used = &tensors[slot(used)];
+            let used = at(tensors, used)?;
             if used.byte_size > 0 && used.location.is_none() {
-                return Err(invalid(format!(
-                    "tensor {:#x} ({} bytes), used by computed node {:#x}, has no storage on this server",
-                    used.record.id, used.byte_size, tensor.record.id
-                )));
+                return Err(invalid(GraphError::MissingStorage {
+                    tensor: used.record.id,
+                    size: used.byte_size,
+                    node: tensor.record.id,
+                }));
             }
         }
     }

@@ -36,12 +36,18 @@ impl InputQueue {
             return None;
         }
         let mut out = [0u8; N];
-        let mut filled = 0;
+        let mut unfilled: &mut [u8] = &mut out;
         for chunk in &self.chunks {
-            let take = (N - filled).min(chunk.len());
-            out[filled..filled + take].copy_from_slice(&chunk[..take]);
-            filled += take;
-            if filled == N {
+            let take = unfilled.len().min(chunk.len());
+            let (Some((into, rest)), Some(from)) = (
+                std::mem::take(&mut unfilled).split_at_mut_checked(take),
+                chunk.get(..take),
+            ) else {
+                break;
+            };
+            into.copy_from_slice(from);
+            unfilled = rest;
+            if unfilled.is_empty() {
                 break;
             }
         }

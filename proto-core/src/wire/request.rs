@@ -114,12 +114,8 @@ pub struct CommInitRequest {
 impl CommInitRequest {
     /// The host up to the first NUL (lossy UTF-8).
     pub fn host_str(&self) -> String {
-        let end = self
-            .host
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(COMM_HOST_SIZE);
-        String::from_utf8_lossy(&self.host[..end]).into_owned()
+        let host = self.host.split(|&b| b == 0).next().unwrap_or_default();
+        String::from_utf8_lossy(host).into_owned()
     }
 }
 
@@ -391,21 +387,22 @@ impl GraphComputeRequest {
             (rest, 0)
         };
         let (rest, n_nodes) = step(command, rest, le_u32)?;
-        let node_bytes = (n_nodes as usize)
+        // The node ids, leaving at least the 4 bytes of n_tensors.
+        let (ids, rest) = (n_nodes as usize)
             .checked_mul(8)
-            .filter(|&bytes| bytes.checked_add(4).is_some_and(|b| b <= rest.len()))
+            .and_then(|bytes| rest.split_at_checked(bytes))
+            .filter(|(_, rest)| rest.len() >= 4)
             .ok_or(malformed("n_nodes exceeds the payload"))?;
-        let (ids, rest) = rest.split_at(node_bytes);
         let node_ids = ids
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
         let (rest, n_tensors) = step(command, rest, le_u32)?;
-        let tensor_bytes = (n_tensors as usize)
+        let records = (n_tensors as usize)
             .checked_mul(RPC_TENSOR_SIZE)
-            .filter(|&bytes| bytes <= rest.len())
+            .and_then(|bytes| rest.get(..bytes))
             .ok_or(malformed("n_tensors exceeds the payload"))?;
-        let tensors = rest[..tensor_bytes]
+        let tensors = records
             .chunks_exact(RPC_TENSOR_SIZE)
             .map(|record| run(command, record, RpcTensor::parse))
             .collect::<Result<Vec<_>>>()?;
@@ -764,14 +761,13 @@ impl Request {
 
     /// Decodes one complete frame (header and payload) that spans exactly `frame`.
     pub fn from_frame(dialect: Dialect, frame: Bytes) -> Result<Request> {
-        if frame.len() < REQUEST_HEADER_SIZE {
+        let Some(&[id, ref size @ ..]) = frame.first_chunk::<REQUEST_HEADER_SIZE>() else {
             return Err(Error::UnexpectedEof(
                 (REQUEST_HEADER_SIZE - frame.len()) as u64,
             ));
-        }
-        let id = frame[0];
+        };
         let command = Command::from_id(id, dialect).ok_or(Error::UnknownCommand { id })?;
-        let size = u64::from_le_bytes(frame[1..9].try_into().unwrap_or([0; 8]));
+        let size = u64::from_le_bytes(*size);
         check_request_size(command, dialect, size)?;
         let available = (frame.len() - REQUEST_HEADER_SIZE) as u64;
         if available < size {

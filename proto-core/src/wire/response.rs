@@ -114,15 +114,19 @@ impl Response {
         let byte0 = || payload.first().copied().ok_or(Error::UnexpectedResponse);
         Ok(match command {
             Command::Hello => {
-                let mut caps = [0u8; CONN_CAPS_SIZE];
-                caps.copy_from_slice(payload.get(4..28).ok_or(Error::UnexpectedResponse)?);
+                let (&[major, minor, patch, flags], rest) = payload
+                    .split_first_chunk::<4>()
+                    .ok_or(Error::UnexpectedResponse)?;
+                let caps: ConnCaps = *rest
+                    .first_chunk::<CONN_CAPS_SIZE>()
+                    .ok_or(Error::UnexpectedResponse)?;
                 Response::Hello {
                     version: ProtocolVersion {
-                        major: payload[0],
-                        minor: payload[1],
-                        patch: payload[2],
+                        major,
+                        minor,
+                        patch,
                     },
-                    flags: payload[3],
+                    flags,
                     caps,
                 }
             }

@@ -169,15 +169,16 @@ impl RpcTensor {
 
     /// The name up to the first NUL (lossy UTF-8).
     pub fn name_str(&self) -> String {
-        let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
-        String::from_utf8_lossy(&self.name[..end]).into_owned()
+        let name = self.name.split(|&b| b == 0).next().unwrap_or_default();
+        String::from_utf8_lossy(name).into_owned()
     }
 
     /// Sets the name, truncated to 63 bytes and NUL padded as the reference client does.
     pub fn set_name(&mut self, name: &str) {
         self.name = [0; NAME_LEN];
-        let len = name.len().min(NAME_LEN - 1);
-        self.name[..len].copy_from_slice(&name.as_bytes()[..len]);
+        for (slot, &byte) in self.name.iter_mut().take(NAME_LEN - 1).zip(name.as_bytes()) {
+            *slot = byte;
+        }
     }
 
     /// Number of elements (checked: ggml requires it to fit in i64).
@@ -227,12 +228,17 @@ impl RpcTensor {
                 / block;
             (row, 1)
         };
-        (start_dim..MAX_DIMS).try_fold(first, |acc, dim| {
-            u64::from(self.ne[dim] - 1)
-                .checked_mul(u64::from(self.nb[dim]))
-                .and_then(|extent| acc.checked_add(extent))
-                .ok_or_else(overflow)
-        })
+        // Every ne is non-zero here, so `ne - 1` cannot wrap.
+        self.ne
+            .iter()
+            .zip(&self.nb)
+            .skip(start_dim)
+            .try_fold(first, |acc, (&ne, &nb)| {
+                u64::from(ne - 1)
+                    .checked_mul(u64::from(nb))
+                    .and_then(|extent| acc.checked_add(extent))
+                    .ok_or_else(overflow)
+            })
     }
 }
 
