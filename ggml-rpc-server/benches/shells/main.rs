@@ -30,7 +30,10 @@
 //! medians and ranges, and from 10 rounds on a 95 % bootstrap confidence interval of each
 //! median ratio), `BENCH_LOAD_THREADS` (generator
 //! threads of the small-command rates, default 1), `BENCH_SKIP_REFERENCE=1`,
-//! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`).
+//! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`), `BENCH_BASELINE`
+//! (another build of `ggml-rpc-server`, e.g. of an earlier commit: each shell of it joins the
+//! rounds as `base-NAME`, and the table gets a "vs baseline" column, this build's shell against
+//! the same shell of the baseline: a before/after comparison in one run).
 
 mod load;
 
@@ -83,6 +86,7 @@ fn main() {
         std::env::var("GGML_RPC_REFERENCE_SERVER").unwrap_or_else(|_| DEFAULT_REFERENCE.to_owned());
     let skip_reference = std::env::var("BENCH_SKIP_REFERENCE").is_ok_and(|v| v == "1");
 
+    let baseline = std::env::var("BENCH_BASELINE").ok();
     let mut targets: Vec<(String, Vec<String>, String)> = Vec::new();
     if !skip_reference && std::path::Path::new(&reference).exists() {
         targets.push(("reference".into(), Vec::new(), reference.clone()));
@@ -90,11 +94,11 @@ fn main() {
         eprintln!("reference server {reference} not found; measuring ours only");
     }
     for shell in &shells {
-        targets.push((
-            shell.clone(),
-            vec!["--shell".into(), shell.clone(), "-t".into(), "1".into()],
-            SERVER.to_owned(),
-        ));
+        let args = vec!["--shell".into(), shell.clone(), "-t".into(), "1".into()];
+        targets.push((shell.clone(), args.clone(), SERVER.to_owned()));
+        if let Some(baseline) = &baseline {
+            targets.push((format!("base-{shell}"), args, baseline.clone()));
+        }
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -552,8 +556,8 @@ fn print_table(rounds: &[Vec<Row>]) {
         }
     );
     println!();
-    println!("| metric | server | value | vs reference | vs tokio |");
-    println!("|---|---|---|---|---|");
+    println!("| metric | server | value | vs reference | vs tokio | vs baseline |");
+    println!("|---|---|---|---|---|---|");
     for (label, get, unit) in metrics {
         for &name in &names {
             let values: Vec<f64> = rounds.iter().map(|r| value_of(r, name, get)).collect();
@@ -593,9 +597,10 @@ fn print_table(rounds: &[Vec<Row>]) {
                 None => "-".to_owned(),
             };
             println!(
-                "| {label} | {name} | {value} | {} | {} |",
+                "| {label} | {name} | {value} | {} | {} | {} |",
                 ratios("reference"),
-                ratios("tokio")
+                ratios("tokio"),
+                ratios(&format!("base-{name}"))
             );
         }
     }
