@@ -3,16 +3,6 @@
 //! Every failure closes the offending connection (the protocol has no error replies), so the
 //! variants exist to make the logged reason precise; [`ErrorKind`] gives each a stable name that
 //! the test vectors refer to.
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
 
 use crate::graph::GraphError;
 use crate::wire::Command;

@@ -17,6 +17,19 @@
 //! * [`tensor_cache`]: the FNV-1a keys of the SET_TENSOR_HASH cache.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// Hostile peers must not be able to crash a server: outside tests, no code of the core may
+// index, unwrap or panic on anything (tests and the `testing` feature's harness may, to stay
+// short).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 
 pub mod backend;
 pub mod comm;

@@ -2,16 +2,6 @@
 //!
 //! The cache itself lives on disk and therefore in a shell; the core only defines the key and a
 //! streaming hasher so SET_TENSOR data can be hashed chunk by chunk as it arrives.
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
 
 /// Streaming FNV-1a, 64 bit, as the reference computes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

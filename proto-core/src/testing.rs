@@ -2,6 +2,14 @@
 //! memory, in the style of quinn-proto's `tests/util.rs` `Pair`. No sockets; every byte stream
 //! is cut at random (reproducible) points. The server side is the one
 //! [`Connection`](crate::driver::Connection) every shell runs, over any backend.
+// Test support: a broken expectation is a failed test, reported by panicking.
+#![allow(
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)]
 
 use std::collections::VecDeque;
 use std::sync::Arc;

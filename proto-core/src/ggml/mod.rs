@@ -1,14 +1,4 @@
 //! ggml's tables that are part of the de-facto wire contract: tensor types, ops and flags.
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
 
 pub mod ops;
 pub mod types;

@@ -1,16 +1,6 @@
 //! The byte layer: frames, the command table, the tensor record, requests and responses.
 //!
 //! Everything here is a pure function of bytes; state lives in [`crate::session`].
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
 
 pub mod command;
 pub mod request;
