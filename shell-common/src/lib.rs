@@ -1,6 +1,7 @@
 //! What every I/O shell of the ggml RPC protocol shares and that needs no runtime: the server
 //! settings, the per-connection configuration derived from them, which events are heavy
-//! enough to run off the event loop, and the on-disk tensor cache.
+//! enough to run off the event loop, the on-disk tensor cache, and the bookkeeping of vectored
+//! writes.
 //!
 //! * [`config`]: [`ServerConfig`], its defaults, and [`ConnectionConfig`] (the session and
 //!   dispatcher settings of one connection).
@@ -12,6 +13,8 @@
 //! * [`low_water`]: [`LowWater`], the receive low-water mark while a bulk payload streams in
 //!   (its one system call is the crate's only `unsafe`).
 //! * [`same_host`]: [`tune_for_peer`], no pacing congestion control for a peer on this host.
+//! * [`vectored`]: [`SendQueue`], the runtime-free part of a vectored write (which slices one
+//!   call offers, at most one [`SEND_PIECE`](direct::SEND_PIECE); what is left after it).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -21,6 +24,7 @@ pub mod direct;
 pub mod heavy;
 pub mod low_water;
 pub mod same_host;
+pub mod vectored;
 
 pub use cache_dir::FsTensorCache;
 pub use config::{
@@ -31,3 +35,4 @@ pub use direct::Direct;
 pub use heavy::{is_heavy, is_heavy_to_free, HEAVY_BYTES, HEAVY_FREE_BYTES};
 pub use low_water::LowWater;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};
+pub use vectored::SendQueue;
