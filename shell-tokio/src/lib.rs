@@ -8,23 +8,19 @@
 //! * [`server`]: [`serve`] accepts TCP clients and runs one [`connection`] task per client,
 //!   with the server-wide limits of [`ServerConfig`] and graceful shutdown.
 //! * [`connection`]: the per-client driver (read → session → dispatcher → write).
-//! * [`client`]: [`Client`], a typed async client that speaks protocol 7 or 8.
 //! * [`comm_link`]: the protocol-8.0.0 server-to-server link behind COMM_INIT and
 //!   COMM_ALLREDUCE (two ranks, pairwise all-reduce).
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files
 //!   (re-exported from [`shell_common`], as is [`ServerConfig`]).
-//! * [`error`]: [`ClientError`], what the client returns.
+//!
+//! The async client is the crate `ggml-rpc-client`; this crate is a server shell only.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod client;
 pub mod comm_link;
 pub mod connection;
-pub mod error;
 pub mod server;
 
-pub use client::{Client, RemoteBuffer};
-pub use error::ClientError;
 pub use server::{serve, serve_on, ServerConfig};
 pub use shell_common::cache_dir;
 pub use shell_common::FsTensorCache;

@@ -39,8 +39,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ggml_rpc_client::Client;
 use proto_core::wire::RpcTensor;
-use shell_tokio::Client;
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ggml-rpc-server");
 const DEFAULT_REFERENCE: &str = "/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server";
