@@ -1,6 +1,6 @@
 //! Helpers of the shell conformance suite: a server on 127.0.0.1:0 over the in-memory backend,
 //! started in-process on any shell through [`ggml_rpc_server::start`], a raw socket for hostile
-//! input, log capture and polling with a deadline. The clients are the tokio client
+//! input, log capture and polling with a deadline. The clients are the async client library
 //! ([`ggml_rpc_client::Client`]) on the test's own runtime; the server runs on the shell's threads.
 #![allow(dead_code)]
 
