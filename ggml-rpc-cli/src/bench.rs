@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use bytes::{Bytes, BytesMut};
+use ggml_rpc_client::Client;
 use indicatif::{ProgressBar, ProgressStyle};
 use proto_core::wire::RpcTensor;
-use shell_tokio::Client;
 
 use crate::units::format_bytes;
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ggml_rpc_client::Client;
 use proto_core::wire::ProtocolVersion;
-use shell_tokio::Client;
 
 /// Which protocol to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

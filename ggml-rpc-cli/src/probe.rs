@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
+use ggml_rpc_client::Client;
 use proto_core::backend::DeviceMemory;
-use shell_tokio::Client;
 
 use crate::units::format_bytes;
 

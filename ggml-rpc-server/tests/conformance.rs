@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{bytes_tensor, capture_logs, f32_tensor, pattern, within, Raw, TestServer};
+use ggml_rpc_client::{Client, ClientError};
 use ggml_rpc_server::ServerConfig;
 use proto_core::ggml::types::id;
 use proto_core::ggml::{flags, Op};
@@ -26,7 +27,7 @@ use proto_core::wire::{
     CommInitRequest, Dialect, GraphComputeRequest, ProtocolVersion, Request, RpcTensor,
     SetTensorHeader,
 };
-use shell_tokio::{Client, ClientError, FsTensorCache};
+use shell_common::FsTensorCache;
 use tokio::io::AsyncWriteExt;
 
 /// A healthy client with a buffer holding known data; checked after every attack.

@@ -6,9 +6,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ggml_rpc_client::Client;
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{ProtocolVersion, RpcTensor};
-use shell_tokio::Client;
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ggml-rpc-server");
 const DEADLINE: Duration = Duration::from_secs(20);

@@ -1,6 +1,7 @@
 //! What every I/O shell of the ggml RPC protocol shares and that needs no runtime: the server
 //! settings, the per-connection configuration derived from them, which events are heavy
-//! enough to run off the event loop, and the on-disk tensor cache.
+//! enough to run off the event loop, the on-disk tensor cache, and the bookkeeping of vectored
+//! writes.
 //!
 //! * [`config`]: [`ServerConfig`], its defaults, and [`ConnectionConfig`] (the session and
 //!   dispatcher settings of one connection).
@@ -14,6 +15,8 @@
 //! * [`shell`]: what every shell's connection loop shares: [`shell::Closed`],
 //!   [`shell::ConnectionError`], read sizes, the connection log lines.
 //! * [`same_host`]: [`tune_for_peer`], no pacing congestion control for a peer on this host.
+//! * [`vectored`]: [`SendQueue`], the runtime-free part of a vectored write (which slices one
+//!   call offers, at most one [`SEND_PIECE`](direct::SEND_PIECE); what is left after it).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -24,6 +27,7 @@ pub mod direct;
 pub mod low_water;
 pub mod same_host;
 pub mod shell;
+pub mod vectored;
 
 pub use cache_dir::FsTensorCache;
 pub use comm_link::CommLinks;
@@ -34,3 +38,4 @@ pub use config::{
 pub use direct::Direct;
 pub use low_water::LowWater;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};
+pub use vectored::SendQueue;

@@ -18,8 +18,6 @@ pub const READ_SIZE: usize = 64 * 1024;
 /// chunk, within the core's 16 MiB bound); smaller pieces keep the server's peak memory close
 /// to the tensor.
 pub const STREAM_READ_SIZE: usize = 8 * 1024 * 1024;
-/// Most buffers passed to one vectored write.
-pub const MAX_IO_SLICES: usize = 64;
 /// How long a failing connection may take to flush the responses it already owed.
 pub const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 

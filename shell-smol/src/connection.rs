@@ -22,13 +22,14 @@ use std::net::TcpStream;
 use std::sync::Arc;
 
 use async_io::{Async, Timer};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, Connection, Place, Receive};
 
 use shell_common::direct::{self, record};
-use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
+use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
+use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
 use shell_common::{CommLinks, Direct};
 
 pub use shell_common::shell::{Closed, ConnectionError};
@@ -290,39 +291,15 @@ async fn read_chunk(stream: &mut Async<TcpStream>, want: usize) -> io::Result<(B
     Ok((buf.freeze(), false))
 }
 
-/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`.
+/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`
+/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]).
 async fn flush(stream: &mut Async<TcpStream>, conn: &mut Connection) -> io::Result<()> {
-    let mut queue: Vec<Bytes> = Vec::new();
-    while let Some(bytes) = conn.poll_transmit() {
-        if !bytes.is_empty() {
-            queue.push(bytes);
-        }
-    }
-    let mut first = 0;
-    while first < queue.len() {
-        let written = {
-            let slices: Vec<io::IoSlice<'_>> = queue[first..]
-                .iter()
-                .take(MAX_IO_SLICES)
-                .map(|b| io::IoSlice::new(b))
-                .collect();
-            stream.write_vectored(&slices).await?
-        };
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let mut left = written;
-        while left > 0 {
-            let Some(front) = queue.get_mut(first) else {
-                break;
-            };
-            let step = left.min(front.len());
-            front.advance(step);
-            left -= step;
-            if front.is_empty() {
-                first += 1;
-            }
-        }
+    let mut queue: SendQueue = std::iter::from_fn(|| conn.poll_transmit()).collect();
+    while !queue.is_empty() {
+        let written = stream
+            .write_vectored(&queue.io_slices(MAX_IO_SLICES))
+            .await?;
+        queue.written(written)?;
     }
     Ok(())
 }

@@ -29,7 +29,7 @@
 use std::io;
 use std::sync::Arc;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, Connection, Place, Receive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -40,8 +40,9 @@ use tokio::sync::watch;
 use shell_common::direct::{self, record};
 use shell_common::{CommLinks, Direct};
 
-use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, MAX_IO_SLICES, READ_SIZE};
+use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
 pub use shell_common::shell::{Closed, ConnectionError};
+use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
 pub use shell_common::ConnectionConfig;
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
@@ -286,144 +287,15 @@ async fn read_chunk<S: AsyncRead + Unpin>(
     Ok((buf.freeze(), false))
 }
 
-/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`.
+/// Writes out everything the connection queued, with vectored writes straight from its `Bytes`
+/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]).
 async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, conn: &mut Connection) -> io::Result<()> {
-    let mut queue: Vec<Bytes> = Vec::new();
-    while let Some(bytes) = conn.poll_transmit() {
-        queue.push(bytes);
-    }
-    write_all_vectored(stream, queue).await
-}
-
-/// Writes a list of buffers in order, in as few system calls as the socket allows, each
-/// offering at most [`SEND_PIECE`](direct::SEND_PIECE) bytes (a 256 MiB SET_TENSOR from the
-/// client went 35 % faster in such pieces than in writes of all the socket would take; see
-/// there why).
-pub(crate) async fn write_all_vectored<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    mut queue: Vec<Bytes>,
-) -> io::Result<()> {
-    queue.retain(|b| !b.is_empty());
-    let mut first = 0;
-    while first < queue.len() {
-        let written = {
-            let mut offered = 0;
-            let slices: Vec<io::IoSlice<'_>> = queue[first..]
-                .iter()
-                .take(MAX_IO_SLICES)
-                .map_while(|b| {
-                    let take = b.len().min(direct::SEND_PIECE - offered);
-                    offered += take;
-                    (take > 0).then(|| io::IoSlice::new(&b[..take]))
-                })
-                .collect();
-            stream.write_vectored(&slices).await?
-        };
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let mut left = written;
-        while left > 0 {
-            let Some(front) = queue.get_mut(first) else {
-                break;
-            };
-            let step = left.min(front.len());
-            front.advance(step);
-            left -= step;
-            if front.is_empty() {
-                first += 1;
-            }
-        }
+    let mut queue: SendQueue = std::iter::from_fn(|| conn.poll_transmit()).collect();
+    while !queue.is_empty() {
+        let written = stream
+            .write_vectored(&queue.io_slices(MAX_IO_SLICES))
+            .await?;
+        queue.written(written)?;
     }
     stream.flush().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Records the bytes of each write call; takes at most `accept` bytes per call.
-    struct Recorder {
-        calls: Vec<usize>,
-        data: Vec<u8>,
-        accept: usize,
-    }
-
-    impl AsyncWrite for Recorder {
-        fn poll_write(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            buf: &[u8],
-        ) -> std::task::Poll<io::Result<usize>> {
-            let n = buf.len().min(self.accept);
-            self.calls.push(n);
-            self.data.extend_from_slice(&buf[..n]);
-            std::task::Poll::Ready(Ok(n))
-        }
-
-        fn poll_write_vectored(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            bufs: &[io::IoSlice<'_>],
-        ) -> std::task::Poll<io::Result<usize>> {
-            let mut n = 0;
-            for buf in bufs {
-                let take = buf.len().min(self.accept - n);
-                self.data.extend_from_slice(&buf[..take]);
-                n += take;
-            }
-            self.calls.push(bufs.iter().map(|b| b.len()).sum());
-            std::task::Poll::Ready(Ok(n))
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-
-        fn poll_flush(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-    }
-
-    #[test]
-    fn vectored_writes_offer_one_piece_at_a_time_and_keep_the_order() {
-        let piece = direct::SEND_PIECE;
-        let queue: Vec<Bytes> = vec![
-            Bytes::from_static(b"head"),
-            Bytes::new(),
-            (0..piece * 2 + 100).map(|i| (i % 251) as u8).collect(),
-            Bytes::from_static(b"tail"),
-        ];
-        let expected: Vec<u8> = queue.iter().flat_map(|b| b.iter().copied()).collect();
-        // A socket that takes everything offered, and one that takes a little at a time.
-        for accept in [usize::MAX, 3000] {
-            let mut writer = Recorder {
-                calls: Vec::new(),
-                data: Vec::new(),
-                accept,
-            };
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap();
-            runtime
-                .block_on(write_all_vectored(&mut writer, queue.clone()))
-                .unwrap();
-            assert!(writer.data == expected, "bytes in order (accept {accept})");
-            assert!(writer.calls.iter().all(|&n| n > 0 && n <= piece));
-            if accept == usize::MAX {
-                // head + the first piece's rest, then whole pieces, then the end with the tail.
-                assert_eq!(writer.calls.len(), 3);
-            }
-        }
-    }
 }

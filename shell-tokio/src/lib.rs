@@ -7,20 +7,16 @@
 //! * [`server`]: [`serve`] accepts TCP clients and runs one [`connection`] task per client,
 //!   with the server-wide limits of [`ServerConfig`] and graceful shutdown.
 //! * [`connection`]: the per-client loop around the driver.
-//! * [`client`]: [`Client`], a typed async client that speaks protocol 7 or 8.
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files
 //!   (re-exported from [`shell_common`], as is [`ServerConfig`]).
-//! * [`error`]: [`ClientError`], what the client returns.
+//!
+//! The async client is the crate `ggml-rpc-client`; this crate is a server shell only.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod client;
 pub mod connection;
-pub mod error;
 pub mod server;
 
-pub use client::{Client, RemoteBuffer};
-pub use error::ClientError;
 pub use server::{serve, serve_on, ServerConfig};
 pub use shell_common::cache_dir;
 pub use shell_common::FsTensorCache;

@@ -6,12 +6,12 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use ggml_rpc_client::Client;
 use proto_core::backend::{
     AllocatedBuffer, Backend, BufferId, DeviceMemory, MemoryBackend, TensorLocation,
 };
 use proto_core::graph::Graph;
 use proto_core::wire::ProtocolVersion;
-use shell_tokio::Client;
 use shell_uring::{Server, ServerConfig};
 
 /// Bytes the closing client holds: above what the ring frees itself.

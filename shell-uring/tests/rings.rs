@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ggml_rpc_client::Client;
 use proto_core::backend::MemoryBackend;
 use proto_core::wire::{ProtocolVersion, RpcTensor};
-use shell_tokio::Client;
 use shell_uring::{Server, ServerConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The command scenario our `shell_tokio::Client` runs against a server (llama.cpp's or ours).
+//! The command scenario our `ggml_rpc_client::Client` runs against a server (llama.cpp's or ours).
 //!
 //! Included by `tests/tests/interop_*.rs` after `harness.rs`, with
 //! `#[path = "../interop/scenario.rs"] mod scenario;`.
@@ -14,11 +14,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ggml_rpc_client::{Client, ClientError, RemoteBuffer};
 use proto_core::ggml::{flags, types::id, Op};
 use proto_core::session::GraphSubmission;
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{Dialect, GraphComputeRequest, RpcTensor};
-use shell_tokio::{Client, ClientError, RemoteBuffer};
 
 use crate::harness::{first_difference, hex, pattern};
 

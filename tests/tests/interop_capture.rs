@@ -419,7 +419,7 @@ fn capture_our_client(
         .unwrap();
     let endpoint = recorder.addr;
     let result = rt.block_on(async move {
-        let mut client = shell_tokio::Client::connect(endpoint, version)
+        let mut client = ggml_rpc_client::Client::connect(endpoint, version)
             .await
             .map_err(|e| format!("HELLO: {e}"))?;
         let options = scenario::Options {

@@ -1,4 +1,4 @@
-//! Interop (a): OUR client (`shell_tokio::Client`) against llama.cpp's REAL servers.
+//! Interop (a): OUR client (`ggml_rpc_client::Client`) against llama.cpp's REAL servers.
 //!
 //! * protocol 7: llama.cpp b11434's `ggml-rpc-server -d CPU -c` (built by
 //!   `scripts/peer/build-b11434.sh`);
@@ -22,8 +22,8 @@ mod scenario;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ggml_rpc_client::Client;
 use proto_core::wire::ProtocolVersion;
-use shell_tokio::Client;
 
 use harness::{OurServer, Proc};
 use scenario::{diff_facts, Facts, Options};

@@ -17,9 +17,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ggml_rpc_client::Client;
 use proto_core::ggml::flags;
 use proto_core::wire::{CommInitRequest, ProtocolVersion, RpcTensor, COMM_HOST_SIZE};
-use shell_tokio::Client;
 
 use harness::OurServer;
 

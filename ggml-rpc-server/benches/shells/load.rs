@@ -2,11 +2,11 @@
 //! its share of the connections from one mio event loop, with the request frame encoded once
 //! (by the core's [`ClientSession`]) and every reply compared with the first.
 //!
-//! Why not the tokio client: on a machine with two cores the client and the server share the
-//! CPU, and an async client that costs more per round trip than the server measures mostly
-//! itself (a profile with the tokio client showed it at 45 % of the CPU, the server at 36 %).
-//! Here a round trip costs the client one `send` and one `recv`, no task wake-ups, so what the
-//! rate shows is the server. Every server, the reference included, gets the same generator.
+//! Why not the async client (`ggml_rpc_client::Client`): on a machine with two cores the client
+//! and the server share the CPU, and an async client that costs more per round trip than the
+//! server measures mostly itself (a profile with it showed it at 45 % of the CPU, the server at
+//! 36 %). Here a round trip costs the client one `send` and one `recv`, no task wake-ups, so what
+//! the rate shows is the server. Every server, the reference included, gets the same generator.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -8,9 +8,9 @@
 //! Each server runs as a child process (ours: the release-built `ggml-rpc-server --shell NAME`;
 //! the reference: `$GGML_RPC_REFERENCE_SERVER`, default
 //! `/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server`, protocol 7) on a loopback port, and the
-//! client is this process (the tokio client, which speaks 7 and 8; the small-command rates use
-//! the lean generator of `load.rs`, a mio loop that costs the client little per round trip, so
-//! that the rate shows the server rather than the client). Measured per server:
+//! client is this process (`ggml_rpc_client::Client`, which speaks 7 and 8; the small-command
+//! rates use the lean generator of `load.rs`, a mio loop that costs the client little per round
+//! trip, so that the rate shows the server rather than the client). Measured per server:
 //!
 //! * SET and GET of one 256 MiB tensor (GB/s, best of a few runs);
 //! * small-command round trips per second (GET_ALIGNMENT, one client);
@@ -42,8 +42,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ggml_rpc_client::Client;
 use proto_core::wire::RpcTensor;
-use shell_tokio::Client;
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ggml-rpc-server");
 const DEFAULT_REFERENCE: &str = "/var/cache/ggml-rpc-peer/b11434/bin/ggml-rpc-server";

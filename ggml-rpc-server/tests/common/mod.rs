@@ -1,7 +1,7 @@
 //! Helpers of the shell conformance suite: a server on 127.0.0.1:0 over the in-memory backend,
 //! started in-process on any shell through [`ggml_rpc_server::start`], a raw socket for hostile
-//! input, log capture and polling with a deadline. The clients are the tokio client
-//! ([`shell_tokio::Client`]) on the test's own runtime; the server runs on the shell's threads.
+//! input, log capture and polling with a deadline. The clients are the async client library
+//! ([`ggml_rpc_client::Client`]) on the test's own runtime; the server runs on the shell's threads.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ggml_rpc_client::Client;
 use ggml_rpc_server::{RunningServer, ServerConfig};
 use proto_core::backend::{Backend, MemoryBackend};
 use proto_core::ggml::types::id;
 use proto_core::wire::{Dialect, ProtocolVersion, Request, RpcTensor};
-use shell_tokio::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

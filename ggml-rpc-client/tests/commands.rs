@@ -1,12 +1,13 @@
-//! Client-side behaviour of the tokio client against our server over loopback TCP. The
+//! Client-side behaviour of the client against our server over loopback TCP. The
 //! server-side command round trips, hostile input and concurrency tests run against every shell
 //! in `ggml-rpc-server/tests/conformance.rs`.
 
 mod common;
 
 use common::{bytes_tensor, within, TestServer};
+use ggml_rpc_client::Client;
 use proto_core::wire::ProtocolVersion;
-use shell_tokio::{Client, ServerConfig};
+use shell_tokio::ServerConfig;
 
 #[tokio::test]
 async fn connect_auto_follows_the_server_major() {

@@ -1,4 +1,4 @@
-//! Helpers of the tokio client's loopback tests: a server on 127.0.0.1:0 over the in-memory
+//! Helpers of the client's loopback tests: a server on 127.0.0.1:0 over the in-memory
 //! backend and a deadline for every wait. (The shell-agnostic server tests, with their raw
 //! socket and log capture, live in `ggml-rpc-server/tests/`.)
 
@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ggml_rpc_client::Client;
 use proto_core::backend::MemoryBackend;
 use proto_core::wire::{ProtocolVersion, RpcTensor};
-use shell_tokio::{serve, Client, ServerConfig};
+use shell_tokio::{serve, ServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
