@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use proto_core::session::{ClientEvent, ClientSession};
 use proto_core::wire::{Command, RESPONSE_HEADER_SIZE};
-use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
+use shell_common::vectored::SendQueue;
 use shell_common::LowWater;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,19 +22,10 @@ pub(crate) async fn flush(
     session: &mut ClientSession,
 ) -> Result<(), ClientError> {
     while let Some(bytes) = session.poll_transmit() {
-        write_all(stream, SendQueue::from(vec![bytes])).await?;
-    }
-    Ok(())
-}
-
-/// Writes `queue` out in order, each call offering what [`SendQueue::io_slices`] picks (at most
-/// one [`SEND_PIECE`](shell_common::direct::SEND_PIECE)).
-async fn write_all(stream: &mut TcpStream, mut queue: SendQueue) -> std::io::Result<()> {
-    while !queue.is_empty() {
-        let written = stream
-            .write_vectored(&queue.io_slices(MAX_IO_SLICES))
+        // At most one SEND_PIECE per write call (see `SendQueue`).
+        stream
+            .write_all_buf(&mut SendQueue::from(vec![bytes]))
             .await?;
-        queue.written(written)?;
     }
     Ok(())
 }

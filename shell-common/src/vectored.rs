@@ -101,7 +101,7 @@ impl SendQueue {
 }
 
 impl SendQueue {
-    /// [`advance`](Self::advance) by what one write call returned; a write that took nothing
+    /// [`advance`](SendQueue::advance) by what one write call returned; a write that took nothing
     /// of a non-empty queue is the error `WriteZero` (the peer is gone).
     pub fn written(&mut self, written: usize) -> std::io::Result<()> {
         if written == 0 && !self.is_empty() {
@@ -109,6 +109,34 @@ impl SendQueue {
         }
         self.advance(written);
         Ok(())
+    }
+}
+
+/// A `Buf` for runtimes that write one (tokio's `write_all_buf`): each chunk and each set of
+/// vectored chunks is what one write call of [`SendQueue::io_slices`] offers.
+impl Buf for SendQueue {
+    fn remaining(&self) -> usize {
+        SendQueue::remaining(self)
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.buffers
+            .front()
+            .and_then(|front| front.get(..front.len().min(SEND_PIECE)))
+            .unwrap_or_default()
+    }
+
+    fn advance(&mut self, written: usize) {
+        SendQueue::advance(self, written)
+    }
+
+    fn chunks_vectored<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
+        let slices = self.io_slices(dst.len());
+        let count = slices.len();
+        for (slot, slice) in dst.iter_mut().zip(slices) {
+            *slot = slice;
+        }
+        count
     }
 }
 
@@ -239,5 +267,34 @@ mod tests {
         queue.written(1).unwrap();
         assert!(queue.is_empty());
         queue.written(0).unwrap();
+    }
+
+    #[test]
+    fn as_a_buf_it_offers_one_piece_per_call() {
+        let queue = SendQueue::from(vec![
+            Bytes::from(vec![1u8; SEND_PIECE + 7]),
+            Bytes::from_static(b"tail"),
+        ]);
+        assert_eq!(Buf::remaining(&queue), SEND_PIECE + 11);
+        assert_eq!(queue.chunk().len(), SEND_PIECE);
+        {
+            let mut dst = [IoSlice::new(&[]); 4];
+            assert_eq!(queue.chunks_vectored(&mut dst), 1);
+            assert_eq!(dst[0].len(), SEND_PIECE);
+        }
+        let mut queue = queue;
+        Buf::advance(&mut queue, SEND_PIECE + 3);
+        {
+            let mut dst = [IoSlice::new(&[]); 4];
+            assert_eq!(queue.chunks_vectored(&mut dst), 2);
+            assert_eq!((dst[0].len(), &dst[1][..]), (4, &b"tail"[..]));
+        }
+        let mut out = Vec::new();
+        while queue.has_remaining() {
+            out.extend_from_slice(queue.chunk());
+            let n = queue.chunk().len();
+            Buf::advance(&mut queue, n);
+        }
+        assert_eq!(out, [1, 1, 1, 1, b't', b'a', b'i', b'l']);
     }
 }

@@ -42,7 +42,7 @@ use shell_common::{CommLinks, Direct};
 
 use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
 pub use shell_common::shell::{Closed, ConnectionError};
-use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
+use shell_common::vectored::SendQueue;
 pub use shell_common::ConnectionConfig;
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
@@ -291,11 +291,6 @@ async fn read_chunk<S: AsyncRead + Unpin>(
 /// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]).
 async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, conn: &mut Connection) -> io::Result<()> {
     let mut queue: SendQueue = std::iter::from_fn(|| conn.poll_transmit()).collect();
-    while !queue.is_empty() {
-        let written = stream
-            .write_vectored(&queue.io_slices(MAX_IO_SLICES))
-            .await?;
-        queue.written(written)?;
-    }
+    stream.write_all_buf(&mut queue).await?;
     stream.flush().await
 }
