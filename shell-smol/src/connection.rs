@@ -1,15 +1,13 @@
-//! One client connection: socket bytes → [`ServerSession`] → [`Dispatcher`] → socket bytes.
-//!
-//! The loop that runs [`Connection`]'s actions on async-io:
+//! One client connection: the loop that runs [`Connection`]'s actions on async-io sockets.
 //!
 //! * Reads: between messages into a 64 KiB scratch buffer, whose filled part is appended to the
 //!   input (small messages: at most one short copy). While a SET_TENSOR / SET_TENSOR_2D payload
 //!   streams in, the socket is read straight into the destination in backend memory
 //!   (`Connection::receive_in_place`: a non-blocking `recv` into the lent region). Where that
 //!   is not possible (data buffered with the header, the tensor cache storing it too, a backend
-//!   without host memory), `min(stream_remaining(), 16 MiB)` bytes are read into a fresh buffer
-//!   of exactly that size, handed to the session whole: no second copy either way.
-//! * Writes: the session's transmit queue is written with vectored writes straight from its
+//!   without host memory), `min(remaining, 8 MiB)` bytes are read into a fresh buffer
+//!   of exactly that size, handed to the connection whole: no second copy either way.
+//! * Writes: the connection's transmit queue is written with vectored writes straight from its
 //!   `Bytes`; a large GET_TENSOR reply goes straight from backend memory
 //!   (`Connection::send_in_place`), else one 16 MiB piece at a time.
 //! * Blocking backend calls (graph compute, large reads, writes, copies and fills, cache file

@@ -18,7 +18,7 @@
 //! every call and pay a thread handoff each time. On a current-thread runtime (tests, tools)
 //! `block_in_place` is unavailable and every call runs inline.
 //!
-//! [`Blocking::InlineWhenAlone`] (connections of [`serve_on`](crate::server::serve_on), whose
+//! `Blocking::InlineWhenAlone` (connections of [`serve_on`](crate::server::serve_on), whose
 //! accept loop runs outside the connections' runtime) also runs a heavy call inline while its
 //! connection's task is the runtime's only task. Then nothing can wait behind the worker: no
 //! other task sits in its queues, and a client accepted meanwhile is spawned from outside the

@@ -57,7 +57,7 @@ pub async fn serve(
 /// Accepting outside the connections' workers lets a connection that is the runtime's only
 /// task run its heavy calls (a graph, a large write) inline instead of under
 /// `block_in_place`: a client accepted meanwhile still reaches an idle worker (see
-/// [`connection`](crate::connection), "Blocking backend calls"). That saves about seven
+/// [`crate::connection`], "Blocking backend calls"). That saves about seven
 /// context switches per graph of the common one-client case.
 pub async fn serve_on(
     listener: TcpListener,
