@@ -78,13 +78,3 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_dsv4;
-#[cfg(test)]
-mod tests_gdn;
-#[cfg(test)]
-mod tests_ssm;
-#[cfg(test)]
-mod tests_train;
-#[cfg(test)]
-mod tests_vision;
