@@ -24,7 +24,7 @@
 //!
 //! `unsafe` is denied crate-wide and allowed in exactly three modules, each block with a
 //! `// SAFETY:` argument: `compute/memory.rs` (raw access to the locked buffers' bytes, checked
-//! once per node), `compute/quant/simd.rs` and `compute/ops/fa_accumulate.rs` (CPU-feature
+//! once per node), `compute/quant/simd/` and `compute/ops/fa_accumulate.rs` (CPU-feature
 //! dispatch and SIMD intrinsics).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -33,7 +33,7 @@
 //! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S),
 //! `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight portable code only; the
 //! grid formats' tables are generated into `iq_grids.rs`), `scan.rs` (SOFT_MAX's row
-//! maximum and masked runs), `simd.rs` (dispatch and AVX2), `tests.rs`.
+//! maximum and masked runs), `simd/` (run-time dispatch, one file per x86 instruction set), `tests.rs`.
 
 mod float;
 mod fp4;
