@@ -16,7 +16,7 @@ impl Checker<'_> {
         let (from, to) = (a.type_id, dst.type_id);
         let supported = from == to
             || (Scalar::numeric(from).is_some() && Scalar::numeric(to).is_some())
-            || (Scalar::float(from).is_some() && is_quantized(to) && can_quantize(to))
+            || (Scalar::float(from).is_some() && is_quantized(to) && quant::can_quantize(to))
             || (is_quantized(from) && quant::supports(from) && Scalar::float(to).is_some());
         if !supported {
             return Err(self.refuse("copy between these types is not supported"));
@@ -59,7 +59,7 @@ impl Checker<'_> {
         if !is_float(&a) {
             return Err(self.refuse("SET_ROWS takes F32, F16 or BF16 rows"));
         }
-        if !(is_float(dst) || (is_quantized(dst.type_id) && can_quantize(dst.type_id))) {
+        if !(is_float(dst) || (is_quantized(dst.type_id) && quant::can_quantize(dst.type_id))) {
             return Err(self.refuse("SET_ROWS into this type is not supported"));
         }
         let shapes = dst.ne[0] == a.ne[0]

@@ -424,16 +424,6 @@ fn is_quantized(type_id: u32) -> bool {
     type_info(type_id).is_some_and(|info| info.block_size > 1)
 }
 
-/// Whether `type_id` has a quantizer (`quant::quantize_row` accepts it), probed on one block.
-fn can_quantize(type_id: u32) -> bool {
-    let Some(info) = type_info(type_id) else {
-        return false;
-    };
-    let zeros = vec![0.0f32; info.block_size as usize];
-    let mut out = vec![0u8; info.type_size as usize];
-    quant::quantize_row(type_id, &zeros, &mut out).is_ok()
-}
-
 /// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type the quant
 /// module dequantizes).
 fn readable(type_id: u32) -> bool {

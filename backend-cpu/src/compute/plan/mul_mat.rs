@@ -14,7 +14,7 @@ impl Checker<'_> {
         } else {
             None
         };
-        let Some(vdt) = vdt.filter(|&t| can_quantize(t)) else {
+        let Some(vdt) = vdt.filter(|&t| quant::can_quantize(t)) else {
             return Err(self.refuse("weights of this type are not supported"));
         };
         let block = type_info(vdt).map_or(0, |i| i.block_size as usize);

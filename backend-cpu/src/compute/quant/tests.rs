@@ -4,83 +4,43 @@
 
 use super::*;
 use proto_core::ggml::type_info;
+use proto_core::ggml::types::id as ty;
+
+/// ggml's name of type `t`, for matching on types the tests name by string.
+fn type_name(t: u32) -> &'static str {
+    type_info(t).expect("a ggml type").name
+}
+
+/// Elements per block and bytes per block of `t` (the format table's).
+fn block_layout(t: u32) -> Option<(usize, usize)> {
+    format(t).map(|f| (f.block_size, f.block_bytes))
+}
 
 /// Every type with a `to_float` here.
-const DEQUANT_TYPES: [u32; 30] = [
-    ty::F32,
-    ty::F16,
-    ty::BF16,
-    ty::Q4_0,
-    ty::Q4_1,
-    ty::Q5_0,
-    ty::Q5_1,
-    ty::Q8_0,
-    ty::Q8_1,
-    ty::Q2_K,
-    ty::Q3_K,
-    ty::Q4_K,
-    ty::Q5_K,
-    ty::Q6_K,
-    ty::Q8_K,
-    ty::IQ4_NL,
-    ty::IQ4_XS,
-    ty::MXFP4,
-    ty::NVFP4,
-    ty::TQ1_0,
-    ty::TQ2_0,
-    ty::Q1_0,
-    ty::Q2_0,
-    ty::IQ2_XXS,
-    ty::IQ2_XS,
-    ty::IQ2_S,
-    ty::IQ3_XXS,
-    ty::IQ3_S,
-    ty::IQ1_S,
-    ty::IQ1_M,
-];
+fn dequant_types() -> [u32; 30] {
+    [
+        "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K",
+        "q4_K", "q5_K", "q6_K", "q8_K", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0",
+        "q1_0", "q2_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+    ]
+    .map(id)
+}
 
 /// The grid formats: dequantization and dot products, no quantizer.
-const GRID_TYPES: [u32; 7] = [
-    ty::IQ2_XXS,
-    ty::IQ2_XS,
-    ty::IQ2_S,
-    ty::IQ3_XXS,
-    ty::IQ3_S,
-    ty::IQ1_S,
-    ty::IQ1_M,
-];
+fn grid_types() -> [u32; 7] {
+    [
+        "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+    ]
+    .map(id)
+}
 
-/// Every weight type (`supports`).
-const WEIGHT_TYPES: [u32; 28] = [
-    ty::F32,
-    ty::F16,
-    ty::BF16,
-    ty::Q4_0,
-    ty::Q4_1,
-    ty::Q5_0,
-    ty::Q5_1,
-    ty::Q8_0,
-    ty::Q2_K,
-    ty::Q3_K,
-    ty::Q4_K,
-    ty::Q5_K,
-    ty::Q6_K,
-    ty::IQ4_NL,
-    ty::IQ4_XS,
-    ty::MXFP4,
-    ty::NVFP4,
-    ty::TQ1_0,
-    ty::TQ2_0,
-    ty::Q1_0,
-    ty::Q2_0,
-    ty::IQ2_XXS,
-    ty::IQ2_XS,
-    ty::IQ2_S,
-    ty::IQ3_XXS,
-    ty::IQ3_S,
-    ty::IQ1_S,
-    ty::IQ1_M,
-];
+/// Every weight type (`supports`): all but the activation-only formats.
+fn weight_types() -> Vec<u32> {
+    dequant_types()
+        .into_iter()
+        .filter(|&t| !matches!(type_name(t), "q8_1" | "q8_K"))
+        .collect()
+}
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -146,17 +106,17 @@ fn random_k_row(rng: &mut Rng, type_id: u32, blocks: usize) -> Vec<u8> {
     let mut row = rng.bytes(blocks * bytes);
     for b in row.chunks_exact_mut(bytes) {
         let mut scale = || f16_bits(0.001 + (rng.next_u64() % 1000) as f32 * 1e-5);
-        match type_id {
-            ty::Q2_K => {
+        match type_name(type_id) {
+            "q2_K" => {
                 b[80..82].copy_from_slice(&scale());
                 b[82..84].copy_from_slice(&scale());
             }
-            ty::Q3_K => b[108..110].copy_from_slice(&scale()),
-            ty::Q4_K | ty::Q5_K => {
+            "q3_K" => b[108..110].copy_from_slice(&scale()),
+            "q4_K" | "q5_K" => {
                 b[0..2].copy_from_slice(&scale());
                 b[2..4].copy_from_slice(&scale());
             }
-            ty::Q6_K => b[208..210].copy_from_slice(&scale()),
+            "q6_K" => b[208..210].copy_from_slice(&scale()),
             _ => unreachable!(),
         }
     }
@@ -170,7 +130,7 @@ fn random_grid_row(rng: &mut Rng, type_id: u32, blocks: usize) -> Vec<u8> {
     let mut row = rng.bytes(blocks * bytes);
     for b in row.chunks_exact_mut(bytes) {
         let h = half::f16::from_f32(0.001 + (rng.next_u64() % 1000) as f32 * 1e-5).to_bits();
-        if type_id == ty::IQ1_M {
+        if type_id == id("iq1_m") {
             for k in 0..4 {
                 b[49 + 2 * k] = (b[49 + 2 * k] & 0x0F) | ((((h >> (4 * k)) & 15) as u8) << 4);
             }
@@ -183,11 +143,9 @@ fn random_grid_row(rng: &mut Rng, type_id: u32, blocks: usize) -> Vec<u8> {
 
 /// A row of weights of `type_id` for dot-product tests.
 fn random_weights(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
-    match type_id {
-        ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => {
-            random_k_row(rng, type_id, n / QK_K)
-        }
-        t if GRID_TYPES.contains(&t) => random_grid_row(rng, t, n / QK_K),
+    match type_name(type_id) {
+        "q2_K" | "q3_K" | "q4_K" | "q5_K" | "q6_K" => random_k_row(rng, type_id, n / QK_K),
+        _ if grid_types().contains(&type_id) => random_grid_row(rng, type_id, n / QK_K),
         _ => quant_ref(type_id, &rng.floats(n)),
     }
 }
@@ -197,7 +155,7 @@ fn random_weights(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
 
 #[test]
 fn quant_layouts_match_the_type_table() {
-    for t in DEQUANT_TYPES {
+    for t in dequant_types() {
         let info = type_info(t).unwrap();
         let (block, bytes) = block_layout(t).unwrap();
         assert_eq!(
@@ -211,14 +169,14 @@ fn quant_layouts_match_the_type_table() {
     assert_eq!(row_size(ty::Q4_K, 512), Some(288));
     assert_eq!(row_size(ty::Q4_0, 33), None);
     assert_eq!(row_size(ty::F16, 3), Some(6));
-    assert_eq!(row_size(ty::IQ4_NL, 64), Some(36));
-    assert_eq!(row_size(ty::MXFP4, 64), Some(34));
-    assert_eq!(row_size(ty::NVFP4, 128), Some(72));
-    assert_eq!(row_size(ty::NVFP4, 32), None);
-    assert_eq!(row_size(ty::Q1_0, 256), Some(36));
-    assert_eq!(row_size(ty::Q2_0, 64), Some(18));
-    assert_eq!(row_size(ty::TQ1_0, 256), Some(54));
-    assert_eq!(row_size(ty::IQ3_S, 512), Some(220));
+    assert_eq!(row_size(id("iq4_nl"), 64), Some(36));
+    assert_eq!(row_size(id("mxfp4"), 64), Some(34));
+    assert_eq!(row_size(id("nvfp4"), 128), Some(72));
+    assert_eq!(row_size(id("nvfp4"), 32), None);
+    assert_eq!(row_size(id("q1_0"), 256), Some(36));
+    assert_eq!(row_size(id("q2_0"), 64), Some(18));
+    assert_eq!(row_size(id("tq1_0"), 256), Some(54));
+    assert_eq!(row_size(id("iq3_s"), 512), Some(220));
     assert_eq!(block_layout(28), None); // F64
 }
 
@@ -229,36 +187,36 @@ fn quant_vec_dot_type_is_ggml_cpus_table() {
         (ty::F16, ty::F16),
         (ty::BF16, ty::BF16),
         (ty::Q4_0, ty::Q8_0),
-        (ty::Q5_0, ty::Q8_0),
+        (id("q5_0"), ty::Q8_0),
         (ty::Q8_0, ty::Q8_0),
-        (ty::Q4_1, ty::Q8_1),
-        (ty::Q5_1, ty::Q8_1),
-        (ty::Q8_1, ty::Q8_1),
-        (ty::Q2_K, ty::Q8_K),
-        (ty::Q3_K, ty::Q8_K),
-        (ty::Q4_K, ty::Q8_K),
-        (ty::Q5_K, ty::Q8_K),
-        (ty::Q6_K, ty::Q8_K),
-        (ty::IQ4_NL, ty::Q8_0),
-        (ty::IQ4_XS, ty::Q8_K),
-        (ty::MXFP4, ty::Q8_0),
-        (ty::NVFP4, ty::Q8_0),
-        (ty::TQ1_0, ty::Q8_K),
-        (ty::TQ2_0, ty::Q8_K),
-        (ty::Q1_0, ty::Q8_0),
-        (ty::Q2_0, ty::Q8_0),
-        (ty::IQ2_XXS, ty::Q8_K),
-        (ty::IQ2_XS, ty::Q8_K),
-        (ty::IQ2_S, ty::Q8_K),
-        (ty::IQ3_XXS, ty::Q8_K),
-        (ty::IQ3_S, ty::Q8_K),
-        (ty::IQ1_S, ty::Q8_K),
-        (ty::IQ1_M, ty::Q8_K),
+        (id("q4_1"), id("q8_1")),
+        (id("q5_1"), id("q8_1")),
+        (id("q8_1"), id("q8_1")),
+        (id("q2_K"), id("q8_K")),
+        (id("q3_K"), id("q8_K")),
+        (ty::Q4_K, id("q8_K")),
+        (id("q5_K"), id("q8_K")),
+        (id("q6_K"), id("q8_K")),
+        (id("iq4_nl"), ty::Q8_0),
+        (id("iq4_xs"), id("q8_K")),
+        (id("mxfp4"), ty::Q8_0),
+        (id("nvfp4"), ty::Q8_0),
+        (id("tq1_0"), id("q8_K")),
+        (id("tq2_0"), id("q8_K")),
+        (id("q1_0"), ty::Q8_0),
+        (id("q2_0"), ty::Q8_0),
+        (id("iq2_xxs"), id("q8_K")),
+        (id("iq2_xs"), id("q8_K")),
+        (id("iq2_s"), id("q8_K")),
+        (id("iq3_xxs"), id("q8_K")),
+        (id("iq3_s"), id("q8_K")),
+        (id("iq1_s"), id("q8_K")),
+        (id("iq1_m"), id("q8_K")),
     ];
     for (t, v) in expect {
         assert_eq!(vec_dot_type(t), Some(v), "type {t}");
     }
-    for t in [ty::Q8_K, 24, 26, 28, 31, 43, 1000] {
+    for t in [id("q8_K"), 24, 26, 28, 31, 43, 1000] {
         assert_eq!(vec_dot_type(t), None, "type {t}");
     }
 }
@@ -266,7 +224,7 @@ fn quant_vec_dot_type_is_ggml_cpus_table() {
 #[test]
 fn quant_supports_exactly_the_weight_types() {
     for t in 0..64 {
-        assert_eq!(supports(t), WEIGHT_TYPES.contains(&t), "type {t}");
+        assert_eq!(supports(t), weight_types().contains(&t), "type {t}");
     }
 }
 
@@ -291,7 +249,7 @@ fn quant_dequantize_q4_1_known_answer() {
     let mut b = f16_bits(0.25).to_vec();
     b.extend(f16_bits(-1.0));
     b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-    let out = deq(ty::Q4_1, &b, 32);
+    let out = deq(id("q4_1"), &b, 32);
     for j in 0..16 {
         assert_eq!(out[j], j as f32 * 0.25 - 1.0);
         assert_eq!(out[j + 16], (15 - j) as f32 * 0.25 - 1.0);
@@ -315,7 +273,7 @@ fn quant_dequantize_q5_known_answers() {
     let mut b = f16_bits(2.0).to_vec();
     b.extend(qh.to_le_bytes());
     b.extend(&nibbles);
-    let out = deq(ty::Q5_0, &b, 32);
+    let out = deq(id("q5_0"), &b, 32);
     for (e, v) in out.iter().enumerate() {
         assert_eq!(*v, (expect_q(e) - 16) as f32 * 2.0, "q5_0 element {e}");
     }
@@ -324,7 +282,7 @@ fn quant_dequantize_q5_known_answers() {
     b.extend(f16_bits(3.0));
     b.extend(qh.to_le_bytes());
     b.extend(&nibbles);
-    let out = deq(ty::Q5_1, &b, 32);
+    let out = deq(id("q5_1"), &b, 32);
     for (e, v) in out.iter().enumerate() {
         assert_eq!(*v, expect_q(e) as f32 * 0.5 + 3.0, "q5_1 element {e}");
     }
@@ -343,12 +301,12 @@ fn quant_dequantize_q8_known_answers() {
     let mut b = f16_bits(0.125).to_vec();
     b.extend(f16_bits(99.0)); // s plays no part in dequantization
     b.extend(&qs);
-    assert_eq!(deq(ty::Q8_1, &b, 32), out);
+    assert_eq!(deq(id("q8_1"), &b, 32), out);
 
     let mut b = 0.75f32.to_le_bytes().to_vec();
     b.extend((0..256).map(|j| (j as u8).wrapping_sub(128)));
     b.extend([0u8; 32]);
-    let out = deq(ty::Q8_K, &b, 256);
+    let out = deq(id("q8_K"), &b, 256);
     for (j, v) in out.iter().enumerate() {
         assert_eq!(*v, 0.75 * ((j as u8).wrapping_sub(128) as i8) as f32);
     }
@@ -399,7 +357,7 @@ fn quant_dequantize_q2_k_known_answer() {
     }
     b[80..82].copy_from_slice(&f16_bits(0.5));
     b[82..84].copy_from_slice(&f16_bits(0.25));
-    let out = deq(ty::Q2_K, &b, 256);
+    let out = deq(id("q2_K"), &b, 256);
     for n in 0..2 {
         for j in 0..4 {
             for l in 0..32 {
@@ -444,7 +402,7 @@ fn quant_dequantize_q3_k_known_answer() {
     }
     b[96..108].copy_from_slice(&scales);
     b[108..110].copy_from_slice(&f16_bits(0.5));
-    let out = deq(ty::Q3_K, &b, 256);
+    let out = deq(id("q3_K"), &b, 256);
     for n in 0..2 {
         for j in 0..4 {
             for l in 0..32 {
@@ -524,7 +482,7 @@ fn quant_dequantize_q4_k_and_q5_k_known_answers() {
     b.extend(packed);
     b.extend(&qh);
     b.extend(&qs);
-    let out = deq(ty::Q5_K, &b, 256);
+    let out = deq(id("q5_K"), &b, 256);
     for (e, v) in out.iter().enumerate() {
         let g = e / 32;
         let q = nib(e) + if e % 3 == 0 { 16 } else { 0 };
@@ -552,7 +510,7 @@ fn quant_dequantize_q6_k_known_answer() {
         b[192 + g] = (g as i32 * 9 - 70) as i8 as u8;
     }
     b[208..210].copy_from_slice(&f16_bits(0.25));
-    let out = deq(ty::Q6_K, &b, 256);
+    let out = deq(id("q6_K"), &b, 256);
     for (e, v) in out.iter().enumerate() {
         let sc = (e / 16) as f32 * 9.0 - 70.0;
         let expect = 0.25 * sc * (f32::from(q6(e)) - 32.0);
@@ -637,7 +595,7 @@ fn quant_q8_0_multiplier_is_127_over_amax() {
 #[test]
 fn quant_q8_1_stores_d_times_sum() {
     let x = tie_block();
-    let y = quant(ty::Q8_1, &x);
+    let y = quant(id("q8_1"), &x);
     let q: Vec<i8> = y[4..].iter().map(|&b| b as i8).collect();
     assert_eq!(&q[..9], &[127, 2, -2, 4, 0, 0, 1, -126, 100]);
     let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
@@ -645,12 +603,12 @@ fn quant_q8_1_stores_d_times_sum() {
     assert_eq!(&y[..2], &f16_bits(1.0));
     assert_eq!(&y[2..4], &f16_bits(106.0));
 
-    let y = quant_ref(ty::Q8_1, &x);
+    let y = quant_ref(id("q8_1"), &x);
     let q: Vec<i8> = y[4..].iter().map(|&b| b as i8).collect();
     assert_eq!(&q[..9], &[127, 3, -3, 4, 1, -1, 1, -127, 100]);
     assert_eq!(&y[2..4], &f16_bits(105.0));
 
-    assert_eq!(quant(ty::Q8_1, &[0.0; 32]), vec![0u8; 36]);
+    assert_eq!(quant(id("q8_1"), &[0.0; 32]), vec![0u8; 36]);
 }
 
 fn q8k_parts(b: &[u8]) -> (f32, Vec<i8>, Vec<i16>) {
@@ -675,7 +633,7 @@ fn quant_q8_k_matches_ggml_nearest_int() {
     x[5] = 1.5;
     x[16] = 126.5;
     x[17] = -0.5000001;
-    let y = quant(ty::Q8_K, &x);
+    let y = quant(id("q8_K"), &x);
     let (d, qs, bsums) = q8k_parts(&y);
     assert_eq!(d, 1.0);
     assert_eq!(&qs[..6], &[-127, 2, -2, 4, 0, 2]);
@@ -686,7 +644,7 @@ fn quant_q8_k_matches_ggml_nearest_int() {
 
     // a positive max gives a negative scale: iscale = -127 / 127 = -1, d = -1
     x[0] = 127.0;
-    let y = quant(ty::Q8_K, &x);
+    let y = quant(id("q8_K"), &x);
     let (d, qs, _) = q8k_parts(&y);
     assert_eq!(d, -1.0);
     assert_eq!(&qs[..6], &[-127, -2, 2, -4, 0, -2]);
@@ -695,16 +653,16 @@ fn quant_q8_k_matches_ggml_nearest_int() {
     let mut x = vec![0f32; 256];
     x[3] = 2.0;
     x[9] = -2.0;
-    let (d, qs, _) = q8k_parts(&quant(ty::Q8_K, &x));
+    let (d, qs, _) = q8k_parts(&quant(id("q8_K"), &x));
     assert_eq!(d, 1.0 / (-127.0f32 / 2.0));
     assert_eq!((qs[3], qs[9]), (-127, 127));
 
     // all-zero blocks, also after a non-zero one
     let mut x = vec![0f32; 512];
     x[0] = 1.0;
-    let y = quant(ty::Q8_K, &x);
+    let y = quant(id("q8_K"), &x);
     assert_eq!(&y[292..], &[0u8; 292][..]);
-    assert_eq!(quant_ref(ty::Q8_K, &x), y);
+    assert_eq!(quant_ref(id("q8_K"), &x), y);
 }
 
 #[test]
@@ -775,7 +733,7 @@ fn quant_round_trips_within_format_bounds() {
     let mut rng = Rng::new(11);
     let n = 32 * 40;
     let x = rng.floats(n);
-    for t in [ty::Q4_0, ty::Q4_1, ty::Q5_0, ty::Q5_1, ty::Q8_0, ty::Q8_1] {
+    for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1"].map(id) {
         for y in [quant(t, &x), quant_ref(t, &x)] {
             let back = deq(t, &y, n);
             let (_, bytes) = block_layout(t).unwrap();
@@ -785,8 +743,8 @@ fn quant_round_trips_within_format_bounds() {
                 let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
                 // one quantization step where the top level is clamped (Q4_0/Q5_0), half a
                 // step otherwise, plus the f16 rounding of d and m
-                let step = match t {
-                    ty::Q4_0 | ty::Q5_0 => d,
+                let step = match type_name(t) {
+                    "q4_0" | "q5_0" => d,
                     _ => 0.5 * d,
                 };
                 let bound = step + 2e-3 * amax + 1e-6;
@@ -801,8 +759,8 @@ fn quant_round_trips_within_format_bounds() {
     }
     // Q8_K: half a step of |d|
     let x = rng.floats(256 * 4);
-    let y = quant(ty::Q8_K, &x);
-    let back = deq(ty::Q8_K, &y, x.len());
+    let y = quant(id("q8_K"), &x);
+    let back = deq(id("q8_K"), &y, x.len());
     for (blk, (xb, bb)) in x.chunks_exact(256).zip(back.chunks_exact(256)).enumerate() {
         let (d, _, _) = q8k_parts(&y[blk * 292..]);
         for (a, r) in xb.iter().zip(bb) {
@@ -832,28 +790,30 @@ fn quant_round_trips_within_format_bounds() {
 /// by `scripts/conformance/quant-golden.py`: zeros, constants, tiny values around
 /// `GROUP_MAX_EPS`, a huge range, outliers, rounding ties, zero groups, random rows.
 const K_GOLDEN_INPUT: &[u8] = include_bytes!("../../../tests/data/k_quant_golden/input.f32");
-const K_GOLDEN: [(u32, &[u8]); 5] = [
-    (
-        ty::Q2_K,
-        include_bytes!("../../../tests/data/k_quant_golden/q2_k.bin"),
-    ),
-    (
-        ty::Q3_K,
-        include_bytes!("../../../tests/data/k_quant_golden/q3_k.bin"),
-    ),
-    (
-        ty::Q4_K,
-        include_bytes!("../../../tests/data/k_quant_golden/q4_k.bin"),
-    ),
-    (
-        ty::Q5_K,
-        include_bytes!("../../../tests/data/k_quant_golden/q5_k.bin"),
-    ),
-    (
-        ty::Q6_K,
-        include_bytes!("../../../tests/data/k_quant_golden/q6_k.bin"),
-    ),
-];
+fn k_golden() -> [(u32, &'static [u8]); 5] {
+    [
+        (
+            id("q2_K"),
+            include_bytes!("../../../tests/data/k_quant_golden/q2_k.bin"),
+        ),
+        (
+            id("q3_K"),
+            include_bytes!("../../../tests/data/k_quant_golden/q3_k.bin"),
+        ),
+        (
+            ty::Q4_K,
+            include_bytes!("../../../tests/data/k_quant_golden/q4_k.bin"),
+        ),
+        (
+            id("q5_K"),
+            include_bytes!("../../../tests/data/k_quant_golden/q5_k.bin"),
+        ),
+        (
+            id("q6_K"),
+            include_bytes!("../../../tests/data/k_quant_golden/q6_k.bin"),
+        ),
+    ]
+}
 
 fn k_golden_input() -> Vec<f32> {
     K_GOLDEN_INPUT
@@ -866,7 +826,7 @@ fn k_golden_input() -> Vec<f32> {
 fn quant_k_quants_match_ggml_golden_bytes() {
     let x = k_golden_input();
     assert_eq!(x.len() % QK_K, 0);
-    for (t, want) in K_GOLDEN {
+    for (t, want) in k_golden() {
         let (_, bytes) = block_layout(t).unwrap();
         assert_eq!(want.len(), x.len() / QK_K * bytes, "type {t}: golden size");
         // whole input at once, and row by row (quantization is per super-block)
@@ -898,7 +858,7 @@ fn quant_iq4_nl_matches_ggml_golden_bytes() {
     let x = k_golden_input();
     assert_eq!(want.len(), x.len() / 32 * 18);
     let mut zero_blocks = 0;
-    for got in [quant(ty::IQ4_NL, &x), quant_ref(ty::IQ4_NL, &x)] {
+    for got in [quant(id("iq4_nl"), &x), quant_ref(id("iq4_nl"), &x)] {
         for (blk, (g, w)) in got.chunks_exact(18).zip(want.chunks_exact(18)).enumerate() {
             if w[..2] == [0, 0] {
                 assert_eq!(g[..2], [0, 0], "block {blk}: d");
@@ -911,8 +871,8 @@ fn quant_iq4_nl_matches_ggml_golden_bytes() {
     assert!(zero_blocks < 2 * 40, "too few blocks compared");
     // and the values round-trip within about half the widest gap of the table (24 steps of d;
     // the least-squares refit of d after choosing the indices moves them by up to 2% of amax)
-    let back = deq(ty::IQ4_NL, &quant(ty::IQ4_NL, &x), x.len());
-    let y = quant(ty::IQ4_NL, &x);
+    let back = deq(id("iq4_nl"), &quant(id("iq4_nl"), &x), x.len());
+    let y = quant(id("iq4_nl"), &x);
     for (blk, (xb, bb)) in x.chunks_exact(32).zip(back.chunks_exact(32)).enumerate() {
         let d = fp16(y[blk * 18], y[blk * 18 + 1]).abs();
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -965,13 +925,13 @@ fn quant_new_formats_match_ggml_golden() {
     // (type, (quantized rows, random blocks + their dequantization))
     #[allow(clippy::type_complexity)]
     let cases: [(u32, (&[u8], &[u8])); 7] = [
-        (ty::IQ4_XS, golden!("iq4_xs")),
-        (ty::MXFP4, golden!("mxfp4")),
-        (ty::NVFP4, golden!("nvfp4")),
-        (ty::TQ1_0, golden!("tq1_0")),
-        (ty::TQ2_0, golden!("tq2_0")),
-        (ty::Q1_0, golden!("q1_0")),
-        (ty::Q2_0, golden!("q2_0")),
+        (id("iq4_xs"), golden!("iq4_xs")),
+        (id("mxfp4"), golden!("mxfp4")),
+        (id("nvfp4"), golden!("nvfp4")),
+        (id("tq1_0"), golden!("tq1_0")),
+        (id("tq2_0"), golden!("tq2_0")),
+        (id("q1_0"), golden!("q1_0")),
+        (id("q2_0"), golden!("q2_0")),
     ];
     for (t, (want, deq_data)) in cases {
         let (block, bytes) = block_layout(t).unwrap();
@@ -1008,15 +968,7 @@ fn quant_new_formats_match_ggml_golden() {
 #[test]
 fn quant_new_formats_take_arbitrary_input() {
     let mut rng = Rng::new(29);
-    for t in [
-        ty::IQ4_XS,
-        ty::MXFP4,
-        ty::NVFP4,
-        ty::TQ1_0,
-        ty::TQ2_0,
-        ty::Q1_0,
-        ty::Q2_0,
-    ] {
+    for t in ["iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "q1_0", "q2_0"].map(id) {
         for _ in 0..20 {
             let n = 1024;
             let x = rng.bytes(row_size(t, n).unwrap());
@@ -1046,20 +998,12 @@ fn quant_new_formats_take_arbitrary_input() {
 fn quant_new_formats_round_trip() {
     let mut rng = Rng::new(23);
     let x = rng.floats(256 * 8);
-    for t in [
-        ty::IQ4_XS,
-        ty::MXFP4,
-        ty::NVFP4,
-        ty::TQ2_0,
-        ty::TQ1_0,
-        ty::Q2_0,
-        ty::Q1_0,
-    ] {
+    for t in ["iq4_xs", "mxfp4", "nvfp4", "tq2_0", "tq1_0", "q2_0", "q1_0"].map(id) {
         let back = deq(t, &quant(t, &x), x.len());
         let block = block_layout(t).unwrap().0;
-        let sub = match t {
-            ty::NVFP4 => 16,
-            ty::IQ4_XS => 32,
+        let sub = match type_name(t) {
+            "nvfp4" => 16,
+            "iq4_xs" => 32,
             _ => block,
         };
         for (xb, bb) in x.chunks_exact(sub).zip(back.chunks_exact(sub)) {
@@ -1068,11 +1012,11 @@ fn quant_new_formats_round_trip() {
             // E2M1's widest gap is 2 of its 6 (a third of amax, halved, with the power-of-two
             // scale up to twice too large for MXFP4); IQ4 about an eighth; ternary and Q2_0
             // half a step of amax; Q1_0 keeps only the sign at the mean magnitude
-            let bound = match t {
-                ty::MXFP4 => amax / 3.0 * 1.01,
-                ty::NVFP4 => amax / 6.0 * 1.07,
-                ty::IQ4_XS => amax * 0.15,
-                ty::TQ1_0 | ty::TQ2_0 | ty::Q2_0 => amax * 0.5 * 1.001,
+            let bound = match type_name(t) {
+                "mxfp4" => amax / 3.0 * 1.01,
+                "nvfp4" => amax / 6.0 * 1.07,
+                "iq4_xs" => amax * 0.15,
+                "tq1_0" | "tq2_0" | "q2_0" => amax * 0.5 * 1.001,
                 _ => amax + mean,
             };
             for (a, r) in xb.iter().zip(bb) {
@@ -1081,7 +1025,7 @@ fn quant_new_formats_round_trip() {
                     "type {t}: {a} -> {r} (bound {bound})"
                 );
             }
-            if t == ty::Q1_0 {
+            if t == id("q1_0") {
                 for (a, r) in xb.iter().zip(bb) {
                     assert_eq!(*a >= 0.0, *r >= 0.0, "Q1_0 keeps the sign of {a}");
                 }
@@ -1098,11 +1042,11 @@ fn quant_k_quants_round_trip() {
     let n = QK_K * 6;
     let x = rng.floats(n);
     for (t, levels) in [
-        (ty::Q2_K, 3.0f32),
-        (ty::Q3_K, 7.0),
+        (id("q2_K"), 3.0f32),
+        (id("q3_K"), 7.0),
         (ty::Q4_K, 15.0),
-        (ty::Q5_K, 31.0),
-        (ty::Q6_K, 63.0),
+        (id("q5_K"), 31.0),
+        (id("q6_K"), 63.0),
     ] {
         let back = deq(t, &quant(t, &x), n);
         for (blk, (xb, bb)) in x
@@ -1125,11 +1069,11 @@ fn quant_k_quants_round_trip() {
             }
             let var: f64 = xb.iter().map(|&v| f64::from(v).powi(2)).sum();
             let rel = err2 / var;
-            let max_rel = match t {
-                ty::Q2_K => 0.2,
-                ty::Q3_K => 0.06,
-                ty::Q4_K => 0.02,
-                ty::Q5_K => 0.005,
+            let max_rel = match type_name(t) {
+                "q2_K" => 0.2,
+                "q3_K" => 0.06,
+                "q4_K" => 0.02,
+                "q5_K" => 0.005,
                 _ => 0.002,
             };
             assert!(
@@ -1184,7 +1128,7 @@ fn quant_q4_0_ref_quantizer_known_block() {
 #[test]
 fn quant_vec_dot_matches_dequantized_dot() {
     let mut rng = Rng::new(5);
-    for t in WEIGHT_TYPES {
+    for t in weight_types() {
         for blocks in [1usize, 3, 16] {
             let n = blocks * block_layout(t).unwrap().0;
             let x = random_weights(&mut rng, t, n);
@@ -1204,7 +1148,7 @@ fn quant_vec_dot_matches_dequantized_dot() {
                 .sum();
             let got = f64::from(vec_dot(t, n, &x, &y).unwrap());
             // Q4_1/Q5_1 use the Q8_1 block's f16 `s = d * sum(q)` for the min term
-            let rel = if matches!(t, ty::Q4_1 | ty::Q5_1) {
+            let rel = if matches!(type_name(t), "q4_1" | "q5_1") {
                 2e-3
             } else {
                 1e-5
@@ -1222,8 +1166,8 @@ fn quant_vec_dot_matches_dequantized_dot() {
 #[test]
 fn quant_vec_dot_q4_1_uses_stored_s() {
     let mut rng = Rng::new(9);
-    let x = quant_ref(ty::Q4_1, &rng.floats(64));
-    let y = quant(ty::Q8_1, &rng.floats(64));
+    let x = quant_ref(id("q4_1"), &rng.floats(64));
+    let y = quant(id("q8_1"), &rng.floats(64));
     let mut expect = 0f32;
     for (xb, yb) in x.chunks_exact(20).zip(y.chunks_exact(36)) {
         let mut sumi = 0i32;
@@ -1234,7 +1178,7 @@ fn quant_vec_dot_q4_1_uses_stored_s() {
         expect += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * sumi as f32
             + fp16(xb[2], xb[3]) * fp16(yb[2], yb[3]);
     }
-    assert_eq!(vec_dot(ty::Q4_1, 64, &x, &y).unwrap(), expect);
+    assert_eq!(vec_dot(id("q4_1"), 64, &x, &y).unwrap(), expect);
 }
 
 /// ggml's generic K-quant dot products (8 integer lanes, f32 lane sums) written as in
@@ -1243,8 +1187,8 @@ fn quant_vec_dot_q4_1_uses_stored_s() {
 fn quant_vec_dot_q6_k_close_to_ggml_generic_lanes() {
     let mut rng = Rng::new(21);
     let n = 256 * 8;
-    let x = random_k_row(&mut rng, ty::Q6_K, 8);
-    let y = quant(ty::Q8_K, &rng.floats(n));
+    let x = random_k_row(&mut rng, id("q6_K"), 8);
+    let y = quant(id("q8_K"), &rng.floats(n));
     let mut sums = [0f32; 8];
     for (xb, yb) in x.chunks_exact(210).zip(y.chunks_exact(292)) {
         let mut a = [0i8; 256];
@@ -1262,7 +1206,7 @@ fn quant_vec_dot_q6_k_close_to_ggml_generic_lanes() {
         }
     }
     let generic: f32 = sums.iter().sum();
-    let ours = vec_dot(ty::Q6_K, n, &x, &y).unwrap();
+    let ours = vec_dot(id("q6_K"), n, &x, &y).unwrap();
     assert!(
         (ours - generic).abs() <= 1e-5 * generic.abs().max(1.0),
         "{ours} vs {generic}"
@@ -1341,8 +1285,8 @@ fn quant_avx2_kernels_match_portable_bit_for_bit() {
             b[..4].copy_from_slice(&rng.unit().to_le_bytes());
         }
         let k4 = random_k_row(&mut rng, ty::Q4_K, blocks);
-        let k5 = random_k_row(&mut rng, ty::Q5_K, blocks);
-        let k6 = random_k_row(&mut rng, ty::Q6_K, blocks);
+        let k5 = random_k_row(&mut rng, id("q5_K"), blocks);
+        let k6 = random_k_row(&mut rng, id("q6_K"), blocks);
         assert_eq!(
             simd::vec_dot_q4_k_q8_k(&k4, &yk).to_bits(),
             k_quants::vec_dot_q4_k_q8_k(&k4, &yk).to_bits()
@@ -1370,24 +1314,22 @@ fn quant_multiversioned_kernels_match_portable() {
         (ty::F16, simd::dequantize_f16, float::dequantize_f16),
         (ty::BF16, simd::dequantize_bf16, float::dequantize_bf16),
         (ty::Q4_0, simd::dequantize_q4_0, q4::dequantize_q4_0),
-        (ty::Q4_1, simd::dequantize_q4_1, q4::dequantize_q4_1),
-        (ty::Q5_0, simd::dequantize_q5_0, q5::dequantize_q5_0),
-        (ty::Q5_1, simd::dequantize_q5_1, q5::dequantize_q5_1),
+        (id("q4_1"), simd::dequantize_q4_1, q4::dequantize_q4_1),
+        (id("q5_0"), simd::dequantize_q5_0, q5::dequantize_q5_0),
+        (id("q5_1"), simd::dequantize_q5_1, q5::dequantize_q5_1),
         (ty::Q8_0, simd::dequantize_q8_0, q8::dequantize_q8_0),
-        (ty::Q8_1, simd::dequantize_q8_1, q8::dequantize_q8_1),
-        (ty::Q8_K, simd::dequantize_q8_k, q8::dequantize_q8_k),
-        (ty::Q2_K, simd::dequantize_q2_k, k_quants::dequantize_q2_k),
-        (ty::Q3_K, simd::dequantize_q3_k, k_quants::dequantize_q3_k),
+        (id("q8_1"), simd::dequantize_q8_1, q8::dequantize_q8_1),
+        (id("q8_K"), simd::dequantize_q8_k, q8::dequantize_q8_k),
+        (id("q2_K"), simd::dequantize_q2_k, k_quants::dequantize_q2_k),
+        (id("q3_K"), simd::dequantize_q3_k, k_quants::dequantize_q3_k),
         (ty::Q4_K, simd::dequantize_q4_k, k_quants::dequantize_q4_k),
-        (ty::Q5_K, simd::dequantize_q5_k, k_quants::dequantize_q5_k),
-        (ty::Q6_K, simd::dequantize_q6_k, k_quants::dequantize_q6_k),
+        (id("q5_K"), simd::dequantize_q5_k, k_quants::dequantize_q5_k),
+        (id("q6_K"), simd::dequantize_q6_k, k_quants::dequantize_q6_k),
     ];
     for (t, fast, portable) in deqs {
-        let x = match t {
-            ty::Q2_K | ty::Q3_K | ty::Q4_K | ty::Q5_K | ty::Q6_K => {
-                random_k_row(&mut rng, t, n / 256)
-            }
-            ty::Q8_1 => quant(t, &rng.floats(n)),
+        let x = match type_name(t) {
+            "q2_K" | "q3_K" | "q4_K" | "q5_K" | "q6_K" => random_k_row(&mut rng, t, n / 256),
+            "q8_1" => quant(t, &rng.floats(n)),
             _ => quant_ref(t, &rng.floats(n)),
         };
         let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
@@ -1403,8 +1345,8 @@ fn quant_multiversioned_kernels_match_portable() {
         (ty::F16, simd::quantize_f16, float::quantize_f16),
         (ty::BF16, simd::quantize_bf16, float::quantize_bf16),
         (ty::Q8_0, simd::quantize_q8_0, q8::quantize_q8_0),
-        (ty::Q8_1, simd::quantize_q8_1, q8::quantize_q8_1),
-        (ty::Q8_K, simd::quantize_q8_k, q8::quantize_q8_k),
+        (id("q8_1"), simd::quantize_q8_1, q8::quantize_q8_1),
+        (id("q8_K"), simd::quantize_q8_k, q8::quantize_q8_k),
     ];
     let mut src = rng.floats(n);
     src[5] = f32::NAN;
@@ -1460,12 +1402,12 @@ fn quant_multiversioned_kernels_match_portable() {
         (ty::F32, simd::vec_dot_f32, float::vec_dot_f32),
         (ty::BF16, simd::vec_dot_bf16, float::vec_dot_bf16),
         (
-            ty::Q2_K,
+            id("q2_K"),
             simd::vec_dot_q2_k_q8_k,
             k_quants::vec_dot_q2_k_q8_k,
         ),
         (
-            ty::Q3_K,
+            id("q3_K"),
             simd::vec_dot_q3_k_q8_k,
             k_quants::vec_dot_q3_k_q8_k,
         ),
@@ -1530,7 +1472,7 @@ fn quant_bad_lengths_are_errors() {
     let mut out = vec![0f32; 64];
     assert!(is_backend(dequantize_row(ty::Q4_0, &[0u8; 35], &mut out)));
     assert!(is_backend(dequantize_row(
-        ty::Q6_K,
+        id("q6_K"),
         &[0u8; 419],
         &mut [0f32; 512]
     )));
@@ -1545,7 +1487,7 @@ fn quant_bad_lengths_are_errors() {
         &mut [0u8; 100]
     )));
     assert!(is_backend(quantize_row(
-        ty::Q8_K,
+        id("q8_K"),
         &[0f32; 256],
         &mut [0u8; 291]
     )));
@@ -1585,12 +1527,12 @@ fn quant_unsupported_types_are_refused() {
         ));
     }
     // the grid formats have no quantizer (ggml-cpu has no from_float for them)
-    for t in GRID_TYPES {
+    for t in grid_types() {
         assert!(refused(quantize_row(t, &[0f32; 256], &mut [0u8; 1000])));
         assert!(refused(quantize_row_ref(t, &[0f32; 256], &mut [0u8; 1000])));
     }
     // no dot products with activation formats as weights
-    for t in [ty::Q8_1, ty::Q8_K] {
+    for t in ["q8_1", "q8_K"].map(id) {
         assert!(matches!(
             vec_dot(t, 256, &[0u8; 1000], &[0u8; 1000]),
             Err(Error::OpRefused { .. })
@@ -1745,16 +1687,16 @@ fn c_dequantize_q6_k(b: &[u8], y: &mut Vec<f32>) {
 fn quant_k_dequantizers_match_ggml_loops_bit_for_bit() {
     let mut rng = Rng::new(29);
     let blocks = 6;
-    for t in [ty::Q2_K, ty::Q3_K, ty::Q4_K, ty::Q5_K, ty::Q6_K] {
+    for t in ["q2_K", "q3_K", "q4_K", "q5_K", "q6_K"].map(id) {
         let x = random_k_row(&mut rng, t, blocks);
         let (_, bytes) = block_layout(t).unwrap();
         let mut expect = Vec::new();
         for b in x.chunks_exact(bytes) {
-            match t {
-                ty::Q2_K => c_dequantize_q2_k(b, &mut expect),
-                ty::Q3_K => c_dequantize_q3_k(b, &mut expect),
-                ty::Q4_K => c_dequantize_q45_k(b, false, &mut expect),
-                ty::Q5_K => c_dequantize_q45_k(b, true, &mut expect),
+            match type_name(t) {
+                "q2_K" => c_dequantize_q2_k(b, &mut expect),
+                "q3_K" => c_dequantize_q3_k(b, &mut expect),
+                "q4_K" => c_dequantize_q45_k(b, false, &mut expect),
+                "q5_K" => c_dequantize_q45_k(b, true, &mut expect),
                 _ => c_dequantize_q6_k(b, &mut expect),
             }
         }
@@ -1797,7 +1739,7 @@ fn quant_q5_dot_matches_ggml_generic_loop() {
         }
         sumf += (fp16(xb[0], xb[1]) * fp16(yb[0], yb[1])) * (s0 + s1) as f32;
     }
-    assert_eq!(vec_dot(ty::Q5_0, 32 * blocks, &x, &y).unwrap(), sumf);
+    assert_eq!(vec_dot(id("q5_0"), 32 * blocks, &x, &y).unwrap(), sumf);
 }
 
 /// Rough speed figures (`cargo test --release -p backend-cpu quant_bench -- --ignored
@@ -1823,7 +1765,7 @@ fn quant_bench() {
     };
     let mut rng = Rng::new(1);
     println!("avx2 kernels: {}", simd::avx2_active());
-    for t in WEIGHT_TYPES {
+    for t in weight_types() {
         let x = random_weights(&mut rng, t, n);
         let y = quant(vec_dot_type(t).unwrap(), &rng.floats(n));
         let mut acc = 0f32;
@@ -1836,7 +1778,7 @@ fn quant_bench() {
         );
     }
     let src = rng.floats(n);
-    for t in [ty::Q8_0, ty::Q8_1, ty::Q8_K, ty::F16, ty::BF16] {
+    for t in ["q8_0", "q8_1", "q8_K", "f16", "bf16"].map(id) {
         let mut dst = vec![0u8; row_size(t, n).unwrap()];
         let ns = best(&mut || quantize_row(t, black_box(&src), black_box(&mut dst)).unwrap());
         println!(
@@ -1881,13 +1823,13 @@ fn quant_grid_formats_match_ggml_golden() {
     }
     #[allow(clippy::type_complexity)]
     let cases: [(u32, usize, (&[u8], &[u8])); 7] = [
-        (ty::IQ2_XXS, 256, golden!("iq2_xxs")),
-        (ty::IQ2_XS, 512, golden!("iq2_xs")),
-        (ty::IQ2_S, 1024, golden!("iq2_s")),
-        (ty::IQ3_XXS, 256, golden!("iq3_xxs")),
-        (ty::IQ3_S, 512, golden!("iq3_s")),
-        (ty::IQ1_S, 2048, golden!("iq1_s")),
-        (ty::IQ1_M, 2048, golden!("iq1_m")),
+        (id("iq2_xxs"), 256, golden!("iq2_xxs")),
+        (id("iq2_xs"), 512, golden!("iq2_xs")),
+        (id("iq2_s"), 1024, golden!("iq2_s")),
+        (id("iq3_xxs"), 256, golden!("iq3_xxs")),
+        (id("iq3_s"), 512, golden!("iq3_s")),
+        (id("iq1_s"), 2048, golden!("iq1_s")),
+        (id("iq1_m"), 2048, golden!("iq1_m")),
     ];
     for (t, grid_len, (deq_data, walk)) in cases {
         let (block, bytes) = block_layout(t).unwrap();
@@ -1906,7 +1848,7 @@ fn quant_grid_formats_match_ggml_golden() {
         assert_eq!(raw.len() % bytes, 0, "type {t}");
         let n = raw.len() / bytes * block;
         // every grid entry once: 8 elements per entry for the 8-wide grids, 4 for IQ3's
-        let per_entry = if matches!(t, ty::IQ3_XXS | ty::IQ3_S) {
+        let per_entry = if matches!(type_name(t), "iq3_xxs" | "iq3_s") {
             4
         } else {
             8
@@ -1969,7 +1911,7 @@ fn quant_grid_formats_known_answers() {
     b[..2].copy_from_slice(&one);
     b[10..14].copy_from_slice(&[0, 1, 2, 3]);
     b[14..18].copy_from_slice(&(1u32 | (3 << 28)).to_le_bytes());
-    let y = deq(ty::IQ2_XXS, &b, 256);
+    let y = deq(id("iq2_xxs"), &b, 256);
     let db = 0.875f32;
     for l in 0..4 {
         let g = IQ2XXS_GRID[l].to_le_bytes();
@@ -1990,7 +1932,7 @@ fn quant_grid_formats_known_answers() {
     b[66 + 3] = 1 << 5; // qh[3]: high bit of the second index of group 2
     b[74 + 12 + 2] = 0b0001_0000; // signs[4*3 + 2]: element 4 of group 2 negative
     b[106 + 1] = 5 << 4; // scales[1] >> 4 = 5: db = 11
-    let y = deq(ty::IQ3_S, &b, 256);
+    let y = deq(id("iq3_s"), &b, 256);
     let (g1, g2) = (IQ3S_GRID[7].to_le_bytes(), IQ3S_GRID[256 + 9].to_le_bytes());
     for j in 0..4 {
         assert_eq!(y[96 + 16 + j], 11.0 * f32::from(g1[j]));
@@ -2004,7 +1946,7 @@ fn quant_grid_formats_known_answers() {
     b[2 + 8 + 1] = 5;
     let qh: u16 = (6 << 3) | (2 << 12) | 0x8000;
     b[34 + 4..34 + 6].copy_from_slice(&qh.to_le_bytes());
-    let y = deq(ty::IQ1_S, &b, 256);
+    let y = deq(id("iq1_s"), &b, 256);
     let g = IQ1S_GRID[5 | (6 << 8)].to_le_bytes();
     for j in 0..8 {
         assert_eq!(y[64 + 8 + j], 5.0 * (f32::from(g[j] as i8) - 0.125));
@@ -2025,7 +1967,7 @@ fn quant_grid_formats_known_answers() {
     }
     b[4 + 3] = 4;
     b[32 + 3] = (2 | 8) << 4; // qh[2*1 + 1], high nibble: index bits and delta sign
-    let y = deq(ty::IQ1_M, &b, 256);
+    let y = deq(id("iq1_m"), &b, 256);
     let g = IQ1S_GRID[4 | (2 << 8)].to_le_bytes();
     for j in 0..8 {
         assert_eq!(y[32 + 24 + j], 7.0 * (f32::from(g[j] as i8) - 0.125));
@@ -2039,11 +1981,11 @@ fn quant_grid_formats_known_answers() {
 #[test]
 fn quant_grid_formats_take_arbitrary_input() {
     let mut rng = Rng::new(37);
-    for t in GRID_TYPES {
+    for t in grid_types() {
         for _ in 0..20 {
             let n = 1024;
             let x = rng.bytes(row_size(t, n).unwrap());
-            let y = rng.bytes(row_size(ty::Q8_K, n).unwrap());
+            let y = rng.bytes(row_size(id("q8_K"), n).unwrap());
             let _ = deq(t, &x, n);
             let _ = vec_dot(t, n, &x, &y).unwrap();
         }

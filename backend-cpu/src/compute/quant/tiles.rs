@@ -23,7 +23,9 @@ use proto_core::{Error, Result};
 
 use super::q4::Q4_0_BYTES;
 use super::q8::Q8_0_BYTES;
-use super::{fp16, ty, QK32};
+use proto_core::ggml::types::id as ty;
+
+use super::{fp16, QK32};
 
 /// Lanes of a block's integer sums (elements `4l..4l+4` in lane `l`).
 pub(super) const BLOCK_LANES: usize = 8;
@@ -731,7 +733,7 @@ mod tests {
     /// super-blocks.
     #[test]
     fn q4_k_rows_match_vec_dot() {
-        use super::super::{k_quants, quantize_row, ty};
+        use super::super::{id, k_quants, quantize_row};
         let mut rng = Rng(23);
         for blocks in [1usize, 2, 3] {
             let len = 256 * blocks;
@@ -744,7 +746,7 @@ mod tests {
                 out
             };
             let w: Vec<Vec<u8>> = (0..5).map(|_| row(ty::Q4_K, 144)).collect();
-            let y: Vec<Vec<u8>> = (0..3).map(|_| row(ty::Q8_K, 292)).collect();
+            let y: Vec<Vec<u8>> = (0..3).map(|_| row(id("q8_K"), 292)).collect();
             let flat: Vec<u8> = w.concat();
             let sw = StridedRows::new(&flat, 144 * blocks, 144 * blocks, 5).unwrap();
             let yr: [&[u8]; 3] = std::array::from_fn(|j| &y[j][..]);
@@ -781,7 +783,7 @@ mod tests {
             // sixteen activation rows (extreme quants too), seven weight rows (a group of
             // four and three single rows)
             let mut w: Vec<Vec<u8>> = (0..7).map(|_| row(ty::Q4_K, 144)).collect();
-            let mut y: Vec<Vec<u8>> = (0..16).map(|_| row(ty::Q8_K, 292)).collect();
+            let mut y: Vec<Vec<u8>> = (0..16).map(|_| row(id("q8_K"), 292)).collect();
             for b in 0..blocks {
                 w[6][144 * b + 16..144 * b + 144].fill(0xFF);
                 y[15][292 * b + 4..292 * b + 260].fill(0x80);

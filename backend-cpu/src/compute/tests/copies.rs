@@ -125,16 +125,10 @@ fn cpy_quantizes_and_dequantizes_like_the_quant_module() {
 fn cpy_and_set_rows_into_k_quants() {
     let mut rng = Rng::new(31);
     for qt in [
-        quant::ty::Q2_K,
-        quant::ty::Q3_K,
-        quant::ty::Q4_K,
-        quant::ty::Q5_K,
-        quant::ty::Q6_K,
-        quant::ty::IQ4_XS,
-        quant::ty::TQ1_0,
-        quant::ty::TQ2_0,
-        quant::ty::Q1_0,
-    ] {
+        "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "tq1_0", "tq2_0", "q1_0",
+    ]
+    .map(quant::id)
+    {
         let (block, size) = type_size(qt);
         let k = 512;
         let ne = [k, 3, 2, 1];

@@ -121,7 +121,7 @@ fn random_grid_rows(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..n / block * size).map(|_| rng.next() as u8).collect();
     for b in bytes.chunks_exact_mut(size) {
         let h = f32_to_f16(0.002 + 0.001 * rng.f32());
-        if type_id == quant::ty::IQ1_M {
+        if type_id == quant::id("iq1_m") {
             for k in 0..4 {
                 b[49 + 2 * k] = (b[49 + 2 * k] & 0x0F) | ((((h >> (4 * k)) & 15) as u8) << 4);
             }
@@ -139,14 +139,10 @@ fn random_grid_rows(rng: &mut Rng, type_id: u32, n: usize) -> Vec<u8> {
 fn grid_formats_get_rows_cpy_and_mul_mat() {
     let mut rng = Rng::new(41);
     for w_type in [
-        quant::ty::IQ2_XXS,
-        quant::ty::IQ2_XS,
-        quant::ty::IQ2_S,
-        quant::ty::IQ3_XXS,
-        quant::ty::IQ3_S,
-        quant::ty::IQ1_S,
-        quant::ty::IQ1_M,
-    ] {
+        "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+    ]
+    .map(quant::id)
+    {
         let k = 256 * (1 + rng.below(2));
         let (m, n) = (1 + rng.below(20), 1 + rng.below(5));
         let w_bytes = random_grid_rows(&mut rng, w_type, k * m);
@@ -156,9 +152,9 @@ fn grid_formats_get_rows_cpy_and_mul_mat() {
         // the activations as the dot product sees them: rows through Q8_K
         let mut xv = vec![0.0f32; k * n];
         for (row, deq) in x.chunks(k).zip(xv.chunks_mut(k)) {
-            let mut q = vec![0u8; quant::row_size(quant::ty::Q8_K, k).unwrap()];
-            quant::quantize_row(quant::ty::Q8_K, row, &mut q).unwrap();
-            quant::dequantize_row(quant::ty::Q8_K, &q, deq).unwrap();
+            let mut q = vec![0u8; quant::row_size(quant::id("q8_K"), k).unwrap()];
+            quant::quantize_row(quant::id("q8_K"), row, &mut q).unwrap();
+            quant::dequantize_row(quant::id("q8_K"), &q, deq).unwrap();
         }
 
         let mut g = G::new();
