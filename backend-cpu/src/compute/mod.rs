@@ -30,8 +30,6 @@ mod memory;
 mod ops;
 mod plan;
 mod pool;
-// Parts of the quant module's API are only used by its own tests or not yet by any kernel.
-#[allow(dead_code)]
 pub(crate) mod quant;
 mod view;
 

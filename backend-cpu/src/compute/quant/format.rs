@@ -289,7 +289,7 @@ static SPECS: &[Spec] = &[
 
 /// The type id proto-core's table gives the type named `name` (the spelling of
 /// `ggml_type_name`).
-fn type_id(name: &str) -> Option<u32> {
+pub fn type_id(name: &str) -> Option<u32> {
     (0..TYPE_COUNT).find(|&id| type_info(id).is_some_and(|info| info.name == name))
 }
 

@@ -64,12 +64,17 @@ mod tiles;
 
 pub use tiles::{
     columns_to_rows, dot_f16_x2, dot_float_rows, dot_float_rows_fast, dot_q4_k_rows,
-    dot_q4_k_rows_wide, dot_rows, dot_rows_wide, FloatRows, Q8Row, Q8Rows, StridedRows, Q0,
+    dot_q4_k_rows_wide, dot_rows, dot_rows_wide, dot_tile, FloatRows, Q8Row, Q8Rows, StridedRows,
+    Q0,
 };
 
 #[cfg(test)]
 pub(crate) use format::id;
-pub use format::{format, Format, RowDot};
+pub use format::{format, type_id, Format, RowDot};
+// Kernels forced past the run-time choice, for the tile benchmarks (`benches/tiles.rs`).
+pub use simd::{
+    dot_float_row1_variant, dot_tile_variant, dot_tile_vl1_variant, dot_tile_zmm_variant,
+};
 
 use proto_core::{Error, Result};
 

@@ -1742,52 +1742,6 @@ fn quant_q5_dot_matches_ggml_generic_loop() {
     assert_eq!(vec_dot(id("q5_0"), 32 * blocks, &x, &y).unwrap(), sumf);
 }
 
-/// Rough speed figures (`cargo test --release -p backend-cpu quant_bench -- --ignored
-/// --nocapture`): ns per element of `vec_dot` on cache-resident rows of 4096 elements, and of
-/// `dequantize_row` and activation `quantize_row`; best of several trials (shared machines).
-#[test]
-#[ignore = "micro-benchmark; run in release by hand"]
-fn quant_bench() {
-    use std::hint::black_box;
-    use std::time::Instant;
-    let n = 4096;
-    let reps = 2_000;
-    let best = |f: &mut dyn FnMut()| -> f64 {
-        (0..7)
-            .map(|_| {
-                let start = Instant::now();
-                for _ in 0..reps {
-                    f();
-                }
-                start.elapsed().as_nanos() as f64 / (reps * n) as f64
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
-    let mut rng = Rng::new(1);
-    println!("avx2 kernels: {}", simd::avx2_active());
-    for t in weight_types() {
-        let x = random_weights(&mut rng, t, n);
-        let y = quant(vec_dot_type(t).unwrap(), &rng.floats(n));
-        let mut acc = 0f32;
-        let dot = best(&mut || acc += vec_dot(t, n, black_box(&x), black_box(&y)).unwrap());
-        let mut out = vec![0f32; n];
-        let deq_ns = best(&mut || dequantize_row(t, black_box(&x), black_box(&mut out)).unwrap());
-        println!(
-            "{:>5}: vec_dot {dot:.3} ns/elem, dequantize {deq_ns:.3} ns/elem ({acc:e})",
-            type_info(t).unwrap().name
-        );
-    }
-    let src = rng.floats(n);
-    for t in ["q8_0", "q8_1", "q8_K", "f16", "bf16"].map(id) {
-        let mut dst = vec![0u8; row_size(t, n).unwrap()];
-        let ns = best(&mut || quantize_row(t, black_box(&src), black_box(&mut dst)).unwrap());
-        println!(
-            "{:>5}: quantize_row {ns:.3} ns/elem",
-            type_info(t).unwrap().name
-        );
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // The grid formats (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
 

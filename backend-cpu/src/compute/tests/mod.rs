@@ -438,7 +438,6 @@ mod dsv4;
 mod elementwise;
 mod gdn;
 mod mul_mat;
-mod perf;
 mod refusals;
 mod ssm;
 mod train;

@@ -249,9 +249,8 @@ pub(super) fn dot_tile<const RM: usize, const RN: usize>(
 }
 
 /// [`dot_tile`] forced onto the AVX2 kernel (`vnni` false) or the AVX-VNNI one, for the
-/// throughput test; `None` where the CPU lacks the features.
-#[cfg(test)]
-pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
+/// tile benchmarks (`benches/tiles.rs`); `None` where the CPU lacks the features.
+pub fn dot_tile_variant<const RM: usize, const RN: usize>(
     kind: Q0,
     vnni: bool,
     w: &[&[u8]; RM],
@@ -278,9 +277,9 @@ pub(super) fn dot_tile_variant<const RM: usize, const RN: usize>(
 }
 
 /// The one-activation-row float kernel with `G` rows per group and prefetch distance `PF`,
-/// for the throughput test; `None` where the CPU lacks AVX-512 F or the rows have a tail.
-#[cfg(test)]
-pub(super) fn dot_float_row1_variant<const G: usize, const PF: usize>(
+/// for the tile benchmarks (`benches/tiles.rs`); `None` where the CPU lacks AVX-512 F or the
+/// rows have a tail.
+pub fn dot_float_row1_variant<const G: usize, const PF: usize>(
     kind: tiles::FloatRows,
     w: StridedRows<'_>,
     y: &[f32],
@@ -308,10 +307,9 @@ pub(super) fn dot_float_row1_variant<const G: usize, const PF: usize>(
     None
 }
 
-/// The AVX-512 VNNI tile kernel forced for any shape (even `RM`), for the throughput test;
-/// `None` where the CPU lacks it.
-#[cfg(test)]
-pub(super) fn dot_tile_zmm_variant<const RM: usize, const RN: usize>(
+/// The AVX-512 VNNI tile kernel forced for any shape (even `RM`), for the tile benchmarks
+/// (`benches/tiles.rs`); `None` where the CPU lacks it.
+pub fn dot_tile_zmm_variant<const RM: usize, const RN: usize>(
     kind: Q0,
     w: &[&[u8]; RM],
     y: &[Q8Row<'_>; RN],
@@ -333,9 +331,9 @@ pub(super) fn dot_tile_zmm_variant<const RM: usize, const RN: usize>(
     None
 }
 
-/// The one-row EVEX kernel, for the throughput test; `None` where the CPU lacks it.
-#[cfg(test)]
-pub(super) fn dot_tile_vl1_variant<const RM: usize>(
+/// The one-row EVEX kernel, for the tile benchmarks (`benches/tiles.rs`); `None` where the
+/// CPU lacks it.
+pub fn dot_tile_vl1_variant<const RM: usize>(
     kind: Q0,
     w: &[&[u8]; RM],
     y: &Q8Row<'_>,
