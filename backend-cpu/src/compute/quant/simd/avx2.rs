@@ -15,7 +15,7 @@ use crate::compute::quant::q5::{Q5_0_BYTES, Q5_1_BYTES};
 use crate::compute::quant::q8::{Q8_0_BYTES, Q8_1_BYTES, Q8_K_BSUMS, Q8_K_BYTES};
 use crate::compute::quant::{fp16, QK_K};
 
-use super::avx2_tiles::*;
+use super::avx2_tiles::hsum8;
 
 /// 0: not probed yet, 1: no AVX2+FMA+F16C, 2: yes.
 static AVX2: AtomicU8 = AtomicU8::new(0);
@@ -73,7 +73,7 @@ unsafe fn load16<const N: usize>(b: &[u8; N], at: usize) -> __m128i {
 /// Low and high nibbles of 32 bytes, as two vectors of bytes 0..15.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn nibbles(v: __m256i) -> (__m256i, __m256i) {
+unsafe fn nibbles(v: __m256i) -> (__m256i, __m256i) {
     let mask = _mm256_set1_epi8(0x0F);
     (
         _mm256_and_si256(v, mask),

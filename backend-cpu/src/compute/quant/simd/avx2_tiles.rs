@@ -13,7 +13,7 @@ use crate::compute::quant::tiles::{
 use crate::compute::quant::q4::Q4_0_BYTES;
 use crate::compute::quant::q8::Q8_0_BYTES;
 
-use super::avx2::*;
+use super::avx2::has_avx2;
 
 /// How far ahead (bytes) the tile kernels prefetch weight rows when they stream them.
 pub(super) const PREFETCH: usize = 2048;

@@ -13,8 +13,8 @@ use crate::compute::quant::q4::Q4_0_BYTES;
 use crate::compute::quant::q8::{Q8_0_BYTES, Q8_K_BSUMS, Q8_K_BYTES};
 use crate::compute::quant::{fp16, QK_K};
 
-use super::avx2::*;
-use super::avx2_tiles::*;
+use super::avx2::{has_avx2, hsum_i32, load32};
+use super::avx2_tiles::{dot_tile, half_at, has_avx_vnni, hsum8, weight_quants, PREFETCH};
 
 /// 0: not probed yet, 1: no AVX-512 VNNI, 2: yes.
 static ZMM: AtomicU8 = AtomicU8::new(0);

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::compute::quant::tiles::{self, StridedRows};
 
-use super::avx2::*;
-use super::avx2_tiles::*;
+use super::avx2::has_avx2;
+use super::avx2_tiles::hsum8;
 
 /// 0: not probed yet, 1: no AVX-512 F, 2: yes.
 static AVX512F: AtomicU8 = AtomicU8::new(0);

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::avx512f::*;
+use super::avx512f::has_avx512f;
 
 /// glibc's `__exp2f_data.tab` (`EXP2F_TABLE_BITS` = 5): `2^(i/32)` with `i << 47`
 /// taken out of its bits.
