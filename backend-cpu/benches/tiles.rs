@@ -8,7 +8,8 @@
 //! * `q0_prompt/*`: 4 x 3 tiles over 63 activation rows (prompt processing), dispatched and
 //!   AVX2 only;
 //! * `float_row1/<F16|F32>/*`: one activation row against a 32,000 x 256 weight matrix (the tiny
-//!   models' output projection), dispatched and for several row groups and prefetch distances;
+//!   models' output projection), dispatched (warm and with cold caches) and for several row
+//!   groups and prefetch distances;
 //! * `float_gemm/<F16|F32>/*`: 256 x 256 weights by 64 activation rows, tiles of 3, 4 and 6
 //!   activation rows over 128 or 32 weight rows.
 //!
@@ -18,6 +19,7 @@
 mod common;
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use backend_cpu::bench::{
     dot_float_row1_variant, dot_float_rows, dot_tile, dot_tile_variant, dot_tile_vl1_variant,
@@ -252,6 +254,23 @@ fn float_row1(c: &mut Criterion) {
             b.iter(|| {
                 let (o, _) = out.as_chunks_mut::<1>();
                 dot_float_rows(kind, sw, &yr, o).unwrap();
+            })
+        });
+        // the same with cold caches: 64 MiB written between passes, outside the timing
+        let mut junk = vec![1u8; 64 << 20];
+        g.bench_function("dispatched_cold", |b| {
+            b.iter_custom(|passes| {
+                let mut timed = Duration::ZERO;
+                for pass in 0..passes {
+                    junk.iter_mut()
+                        .step_by(64)
+                        .for_each(|b| *b = b.wrapping_add(pass as u8));
+                    let start = Instant::now();
+                    let (o, _) = out.as_chunks_mut::<1>();
+                    dot_float_rows(kind, sw, &yr, o).unwrap();
+                    timed += start.elapsed();
+                }
+                timed
             })
         });
         macro_rules! variant {

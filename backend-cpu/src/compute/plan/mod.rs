@@ -385,6 +385,7 @@ pub(crate) fn build(
 
 /// What a checker decides for a node: its kernel and the sources that kernel reads.
 struct Planned {
+    /// What the step runs.
     kernel: Kernel,
     /// The layout of each source slot the kernel reads, by slot; `None` for a slot it does
     /// not read.

@@ -106,7 +106,8 @@ pub(super) unsafe fn columns_to_rows3_zmm(group: &[f32], out: &mut [f32]) -> usi
 const ROW1_GROUP: usize = 3;
 
 /// Bytes ahead of the current weight rows that the one-activation-row float loop
-/// prefetches. Measured with `tiles::throughput::row1_throughput` (a 32000 x 256 matrix,
+/// prefetches. Measured with the `row1_throughput` test, now the `float_row1` group of
+/// `benches/tiles.rs` (a 32000 x 256 matrix,
 /// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40;
 /// the test now prints the median, on normal F32 values), in us per pass, F16 / F32:
 /// without prefetch, two rows per group, 309 / 1439; three
