@@ -28,13 +28,14 @@
 //! whose results are bit-identical to the portable code (same exact integer block sums, same
 //! f32 combination in the same order); the rest is portable code written to auto-vectorize.
 //!
-//! Module layout: `format.rs` (the per-type table), `float.rs` (F32, F16, BF16), `q4.rs` (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1),
-//! `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K), `k_quantize.rs` (their reference
-//! quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS), `fp4.rs` (MXFP4, NVFP4),
-//! `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S),
-//! `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight portable code only; the
-//! grid formats' tables are generated into `iq_grids.rs`), `scan.rs` (SOFT_MAX's row
-//! maximum and masked runs), `simd/` (run-time dispatch, one file per x86 instruction set), `tests.rs`.
+//! Module layout: `format.rs` (the per-type table), `float.rs` (F32, F16, BF16), `q4.rs`
+//! (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1), `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K),
+//! `k_quantize.rs` (their reference quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS),
+//! `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs`
+//! (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight
+//! portable code only; the grid formats' tables are generated into `iq_grids.rs`), `scan.rs`
+//! (SOFT_MAX's row maximum and masked runs), `simd/` (run-time dispatch, one file per x86
+//! instruction set), `tiles.rs` (MUL_MAT's tile kernels), `tests/`.
 
 mod float;
 // The per-type table: block geometry, kernels, vec_dot_type.
