@@ -23,7 +23,8 @@
 //! [`Error::Backend`]. Nothing here panics on bad input.
 //!
 //! Speed: on x86-64 every kernel also exists compiled for AVX2+FMA+F16C and is picked at run
-//! time when the CPU has those (module `simd`; never AVX-512 or AMX). The dot products of F16,
+//! time when the CPU has those (module `simd`, which also has AVX-VNNI and AVX-512 tile
+//! kernels; never AMX). The dot products of F16,
 //! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K are hand-written AVX2 integer kernels
 //! whose results are bit-identical to the portable code (same exact integer block sums, same
 //! f32 combination in the same order); the rest is portable code written to auto-vectorize.
