@@ -24,7 +24,7 @@
 //!
 //! `unsafe` is denied crate-wide and allowed in exactly three modules, each block with a
 //! `// SAFETY:` argument: `compute/memory.rs` (raw access to the locked buffers' bytes, checked
-//! once per node), `compute/quant/simd.rs` and `compute/ops/fa_accumulate.rs` (CPU-feature
+//! once per node), `compute/quant/simd/` and `compute/ops/fa_accumulate.rs` (CPU-feature
 //! dispatch and SIMD intrinsics).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -39,6 +39,17 @@ use proto_core::wire::RpcTensor;
 use proto_core::{Error, Result};
 
 use buffers::BufferPool;
+
+/// The quant module's kernels, for the criterion benches in `benches/` (which, as separate
+/// crates, see only public items); not an API.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::compute::quant::{
+        dequantize_row, dot_float_row1_variant, dot_float_rows, dot_tile, dot_tile_variant,
+        dot_tile_vl1_variant, dot_tile_zmm_variant, format, quantize_row, quantize_row_ref,
+        row_size, type_id, vec_dot, vec_dot_type, FloatRows, Q8Row, Q8Rows, StridedRows, Q0,
+    };
+}
 pub use buffers::PagePolicy;
 
 /// What GET_DEVICE_MEMORY answers when the host's figures cannot be read (non-Linux systems,

@@ -9,7 +9,7 @@
 //! The steps:
 //! 1. lock every buffer the computed nodes touch, ascending [`BufferId`], write locks, for the
 //!    whole graph (`crate::buffers` documents the locking order);
-//! 2. plan (`plan.rs`): check every node against its op's rules and build its kernel — a graph
+//! 2. plan (`plan/`): check every node against its op's rules and build its kernel — a graph
 //!    with one bad or unsupported node is refused here, before anything is written;
 //! 3. execute the steps in order (`ops/`), each spreading its work over the threads
 //!    (`pool.rs`). Values read at run time (row and expert ids) are checked by the kernels
@@ -20,7 +20,8 @@
 //! * `memory.rs`: the locked bytes, bounds and aliasing checks, destination parts — the only
 //!   `unsafe` code of the engine;
 //! * `view.rs`: tensor layouts, strided reads and type conversions (safe);
-//! * `plan.rs`: the per-op shape, type and parameter rules;
+//! * `plan/`: the per-op shape, type and parameter rules (`mod.rs` the shared types and the
+//!   dispatch from op to checker, one file per op family as in `ops/`);
 //! * `pool.rs`: the threads (a persistent pool per backend);
 //! * `ops/`: the kernels, one file per op family (its module documentation lists them);
 //! * `quant/`: ggml's quantized formats (dequantize, quantize, dot products).
@@ -29,8 +30,6 @@ mod memory;
 mod ops;
 mod plan;
 mod pool;
-// Parts of the quant module's API are only used by its own tests or not yet by any kernel.
-#[allow(dead_code)]
 pub(crate) mod quant;
 mod view;
 
@@ -78,13 +77,3 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_dsv4;
-#[cfg(test)]
-mod tests_gdn;
-#[cfg(test)]
-mod tests_ssm;
-#[cfg(test)]
-mod tests_train;
-#[cfg(test)]
-mod tests_vision;

@@ -30,8 +30,6 @@ pub(super) const TQ2_0_BYTES: usize = 66;
 const TQ1_QS: usize = 48;
 /// `qh` bytes of a `block_tq1_0`.
 const TQ1_QH: usize = 4;
-/// `qs` bytes of a `block_tq2_0`.
-const TQ2_QS: usize = 64;
 
 const POW3: [u8; 5] = [1, 3, 9, 27, 81];
 

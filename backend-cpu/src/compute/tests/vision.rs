@@ -8,8 +8,8 @@ use proto_core::ggml::Op;
 use proto_core::graph::TensorIndex;
 use proto_core::ErrorKind;
 
-use super::tests::{assert_close, assert_refused, Rng, G};
-use super::view::round_f16;
+use super::{assert_close, assert_refused, Rng, G};
+use crate::compute::view::round_f16;
 
 /// Runs `g` on one and on three threads, checks that the bytes agree, returns them.
 fn run_both(g: &G, what: &str) -> Vec<u8> {
@@ -1342,7 +1342,7 @@ fn col2im_1d_overlap_adds_columns_and_crops_in_every_float_type() {
                 .flat_map(|o| full[o * len + p..o * len + p + t_out].to_vec())
                 .map(|v| match t {
                     ty::F16 => f64::from(round_f16(v as f32)),
-                    ty::BF16 => f64::from(super::view::round_bf16(v as f32)),
+                    ty::BF16 => f64::from(crate::compute::view::round_bf16(v as f32)),
                     _ => v,
                 })
                 .collect();

@@ -10,10 +10,9 @@ use proto_core::ggml::Op;
 use proto_core::graph::TensorIndex;
 use proto_core::ErrorKind;
 
-use super::quant;
-use super::tests::{
-    assert_close, assert_refused, at, f, rope_params, rope_reference, stored, wide, Rng, G,
-};
+use super::attention::{rope_params, rope_reference};
+use super::{assert_close, assert_refused, at, f, stored, wide, Rng, G};
+use crate::compute::quant;
 
 /// Runs `g` on one and on three threads, checks that the bytes agree, returns them.
 fn run_both(g: &G, what: &str) -> Vec<u8> {
@@ -595,7 +594,7 @@ fn count_equal_counts_over_every_element_of_strided_sources() {
         let b_t = g.permute(base, [1, 0, 2, 3]);
         let out = g.node(
             Op::COUNT_EQUAL,
-            super::view::I64,
+            crate::compute::view::I64,
             [1, 1, 1, 1],
             &[a_t, b_t],
             &[],
@@ -1122,7 +1121,7 @@ fn malformed_training_nodes_are_refused_before_anything_is_written() {
                 let b = g.ids(ty::I32, [5, 1, 1, 1], &[0; 5]);
                 g.node(
                     Op::COUNT_EQUAL,
-                    super::view::I64,
+                    crate::compute::view::I64,
                     [1, 1, 1, 1],
                     &[a, b],
                     &[],

@@ -8,7 +8,7 @@ use proto_core::ggml::Op;
 use proto_core::graph::TensorIndex;
 use proto_core::ErrorKind;
 
-use super::tests::{assert_close, assert_refused, contiguous_nb, Rng, G};
+use super::{assert_close, assert_refused, contiguous_nb, Rng, G};
 
 const I64: u32 = 27;
 

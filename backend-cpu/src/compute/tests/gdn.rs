@@ -2,14 +2,14 @@
 //! TIMESTEP_EMBEDDING: each against a naive f64
 //! reference written here, on several shapes and non-contiguous sources where the op takes
 //! them; thread-count independence; and the refusal of malformed shapes (before anything is
-//! written). The harness is [`super::tests`]'s.
+//! written). The harness is [`super`]'s.
 
 use proto_core::ggml::types::id as ty;
 use proto_core::ggml::Op;
 use proto_core::graph::TensorIndex;
 use proto_core::ErrorKind;
 
-use super::tests::{assert_close, assert_refused, f, Rng, G};
+use super::{assert_close, assert_refused, f, Rng, G};
 
 fn at(ne: [usize; 4], i: [usize; 4]) -> usize {
     i[0] + ne[0] * (i[1] + ne[1] * (i[2] + ne[2] * i[3]))

@@ -8,8 +8,8 @@ use proto_core::ggml::Op;
 use proto_core::graph::TensorIndex;
 use proto_core::ErrorKind;
 
-use super::quant;
-use super::tests::{assert_close, assert_refused, contiguous_nb, f, stored, Rng, G};
+use super::{assert_close, assert_refused, contiguous_nb, f, stored, Rng, G};
+use crate::compute::quant;
 
 /// Runs `g` on one and on three threads, checks that the bytes agree, returns them.
 fn run_both(g: &G, what: &str) -> Vec<u8> {
@@ -53,11 +53,11 @@ fn stored_keys(key_type: u32, values: &[f32], width: usize) -> (Vec<u8>, Vec<f32
                 ty::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 ty::F16 => values
                     .iter()
-                    .flat_map(|&v| super::view::f32_to_f16(v).to_le_bytes())
+                    .flat_map(|&v| crate::compute::view::f32_to_f16(v).to_le_bytes())
                     .collect(),
                 _ => values
                     .iter()
-                    .flat_map(|&v| super::view::f32_to_bf16(v).to_le_bytes())
+                    .flat_map(|&v| crate::compute::view::f32_to_bf16(v).to_le_bytes())
                     .collect(),
             };
             (bytes, rounded)
