@@ -453,6 +453,26 @@ fn in_place_2d_rows_land_in_their_rows() {
     }
 }
 
+/// Allocates a 4096-byte buffer and hands the server the head of a SET_TENSOR of all of it,
+/// without its data (the write streams, nothing buffered); returns the tensor.
+fn send_set_tensor_head(pair: &mut Pair) -> RpcTensor {
+    let (buffer, base) = pair.alloc(4096);
+    let tensor = tensor_at(1, buffer, base, [1024, 1, 1, 1]);
+    let mut head = bytes::BytesMut::new();
+    Request::SetTensor {
+        header: Box::new(SetTensorHeader {
+            tensor: tensor.clone(),
+            cache_flag: 0,
+            offset: 0,
+        }),
+        data: Bytes::from(vec![0u8; 4096]),
+    }
+    .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
+    .unwrap();
+    pair.server.handle_input(head.freeze());
+    tensor
+}
+
 #[test]
 fn in_place_misuse_is_an_error_not_a_corruption() {
     let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 60).in_place();
@@ -470,20 +490,7 @@ fn in_place_misuse_is_an_error_not_a_corruption() {
     );
 
     // a SET_TENSOR header without its data: the write streams, nothing buffered
-    let (buffer, base) = pair.alloc(4096);
-    let tensor = tensor_at(1, buffer, base, [1024, 1, 1, 1]);
-    let mut head = bytes::BytesMut::new();
-    Request::SetTensor {
-        header: Box::new(SetTensorHeader {
-            tensor,
-            cache_flag: 0,
-            offset: 0,
-        }),
-        data: Bytes::from(vec![0u8; 4096]),
-    }
-    .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
-    .unwrap();
-    pair.server.handle_input(head.freeze());
+    send_set_tensor_head(&mut pair);
     assert!(matches!(
         pair.server.poll(Place::EventLoop).unwrap(),
         Action::Receive(Receive::Stream {
@@ -500,20 +507,7 @@ fn in_place_misuse_is_an_error_not_a_corruption() {
 fn in_place_receives_add_up_and_end_the_write() {
     let mut pair = Pair::new(ProtocolVersion::V8_0_0, ProtocolVersion::V8_0_0, 61).in_place();
     pair.connect();
-    let (buffer, base) = pair.alloc(4096);
-    let tensor = tensor_at(1, buffer, base, [1024, 1, 1, 1]);
-    let mut head = bytes::BytesMut::new();
-    Request::SetTensor {
-        header: Box::new(SetTensorHeader {
-            tensor: tensor.clone(),
-            cache_flag: 0,
-            offset: 0,
-        }),
-        data: Bytes::from(vec![0u8; 4096]),
-    }
-    .encode_head(ProtocolVersion::V8_0_0.dialect().unwrap(), &mut head)
-    .unwrap();
-    pair.server.handle_input(head.freeze());
+    let tensor = send_set_tensor_head(&mut pair);
     for part in 0..4u8 {
         assert!(matches!(
             pair.server.poll(Place::EventLoop).unwrap(),
