@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Send a ggml RPC HELLO to a server and print the protocol version it answers.
 
-Usage: rpc_hello.py HOST PORT [--expect-major N] [--wait SECONDS]
+Usage: rpc_hello.py HOST PORT [--expect-major N] [--expect-version X.Y.Z] [--wait SECONDS]
 
 Request:  cmd 0x0E (HELLO), u64 LE input size 24, 24 zero bytes (conn caps).
 Reply:    u64 LE size 28, then major, minor, patch, padding, 24 bytes conn caps.
 
-Exit status: 0 on a well-formed reply (and matching major when asked),
+Exit status: 0 on a well-formed reply (and matching major / full version when asked),
 1 otherwise. Used by the peer setup scripts as a smoke test.
 """
 import argparse
@@ -57,6 +57,8 @@ def main():
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("--expect-major", type=int)
+    ap.add_argument("--expect-version",
+                    help="exact major.minor.patch the reply must carry, e.g. 8.0.1")
     ap.add_argument("--wait", type=float, default=30.0,
                     help="seconds to keep retrying the connection")
     args = ap.parse_args()
@@ -69,6 +71,10 @@ def main():
     print(f"version={major}.{minor}.{patch} reply={raw.hex(' ')}")
     if args.expect_major is not None and major != args.expect_major:
         print(f"rpc_hello: expected major {args.expect_major}, got {major}", file=sys.stderr)
+        return 1
+    got = f"{major}.{minor}.{patch}"
+    if args.expect_version is not None and got != args.expect_version:
+        print(f"rpc_hello: expected version {args.expect_version}, got {got}", file=sys.stderr)
         return 1
     return 0
 
