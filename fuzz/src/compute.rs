@@ -21,7 +21,7 @@
 use arbitrary::{Arbitrary, Unstructured};
 use backend_cpu::{CpuBackend, CpuConfig, PagePolicy};
 use proto_core::backend::{Backend, TensorLocation};
-use proto_core::ggml::{flags, type_info, types::id as ty, OP_COUNT};
+use proto_core::ggml::{flags, type_info, types::id as ty, GgmlTable, OP_COUNT};
 use proto_core::graph::{Graph, GraphLimits};
 use proto_core::wire::{GraphComputeRequest, RpcTensor};
 use proto_core::{Error, Result};
@@ -270,7 +270,8 @@ pub fn run(data: &[u8]) -> ComputeOutcome {
             offset,
         }))
     };
-    let graph = match Graph::decode(&request, &GraphLimits::DEFAULT, &mut resolve) {
+    let graph = match Graph::decode(&request, &GraphLimits::DEFAULT, GgmlTable::V8_0_1, &mut resolve)
+    {
         Ok(graph) => graph,
         Err(error) => return ComputeOutcome::Undecodable(error),
     };

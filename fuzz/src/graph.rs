@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::BytesMut;
 use proto_core::backend::{BufferId, TensorLocation};
-use proto_core::ggml::{flags, types::id as ty, OP_COUNT};
+use proto_core::ggml::{flags, types::id as ty, GgmlTable, Op};
 use proto_core::graph::{Graph, GraphLimits};
 use proto_core::wire::{Dialect, GraphComputeRequest, RpcTensor};
 use proto_core::{Error, Result};
@@ -23,6 +23,8 @@ pub mod mode {
     pub const V8: u8 = 1;
     /// Structured input.
     pub const STRUCTURED: u8 = 2;
+    /// With [`V8`]: the 8.0.1 op and type table (else 8.0.0's).
+    pub const V8_0_1: u8 = 4;
 }
 
 /// The buffers the fuzzed resolver knows: (handle, base, size).
@@ -38,7 +40,7 @@ pub struct TensorSpec {
     /// Dimension selectors: `d & 7 == 7` is 0 elements, else `1 + (d & 3)` (blocks for
     /// quantized types).
     pub ne: [u8; 4],
-    /// Op selector: below 200 an op id modulo [`OP_COUNT`], else an id outside the table.
+    /// Op selector: below 200 an op id of the table, else an id outside it.
     pub op: u8,
     /// `op_params[0]` (the UNARY / GLU sub-op).
     pub op_param0: i8,
@@ -98,7 +100,11 @@ fn link(position: usize, selector: u8, ids: &[u64]) -> u64 {
 
 impl GraphSpec {
     /// The request this spec describes.
-    pub fn to_request(&self, dialect: Dialect) -> (GraphComputeRequest, GraphLimits) {
+    pub fn to_request(
+        &self,
+        dialect: Dialect,
+        table: GgmlTable,
+    ) -> (GraphComputeRequest, GraphLimits) {
         let ids: Vec<u64> = self
             .tensors
             .iter()
@@ -121,9 +127,9 @@ impl GraphSpec {
                     tensor.nb.swap(0, 1);
                 }
                 tensor.op = if spec.op < 200 {
-                    u32::from(spec.op) % OP_COUNT
+                    u32::from(spec.op) % table.op_count()
                 } else {
-                    OP_COUNT + u32::from(spec.op)
+                    table.op_count() + u32::from(spec.op)
                 };
                 tensor.op_params[0] = spec.op_param0.into();
                 tensor.flags = i32::from(spec.other_flags & 0xf)
@@ -186,20 +192,25 @@ pub fn resolve(record: &RpcTensor, byte_size: u64) -> Result<Option<TensorLocati
 }
 
 /// Decodes and validates; on success checks every documented invariant of [`Graph`].
-pub fn decode_and_check(request: &GraphComputeRequest, limits: &GraphLimits) -> Result<Graph> {
+pub fn decode_and_check(
+    request: &GraphComputeRequest,
+    limits: &GraphLimits,
+    table: GgmlTable,
+) -> Result<Graph> {
     let mut calls = Vec::new();
-    let result = Graph::decode(request, limits, &mut |record, size| {
+    let result = Graph::decode(request, limits, table, &mut |record, size| {
         calls.push((record.id, size));
         resolve(record, size)
     });
     let graph = result?;
-    check_invariants(request, limits, &graph, &calls);
+    check_invariants(request, limits, table, &graph, &calls);
     Ok(graph)
 }
 
 fn check_invariants(
     request: &GraphComputeRequest,
     limits: &GraphLimits,
+    table: GgmlTable,
     graph: &Graph,
     calls: &[(u64, u64)],
 ) {
@@ -212,11 +223,13 @@ fn check_invariants(
     assert_eq!(calls, &expected_calls[..]);
     let mut ids = HashMap::new();
     for (i, (tensor, record)) in graph.tensors.iter().zip(&request.tensors).enumerate() {
-        assert_eq!(&tensor.record, record, "records are kept verbatim, in order");
+        let op = table.op_from_wire(record.op).expect("accepted op is in the table");
+        let renumbered = RpcTensor { op: op.0, ..record.clone() };
+        assert_eq!(tensor.record, renumbered, "records are kept in order, verbatim but the op");
         assert_ne!(tensor.id(), 0);
         assert!(ids.insert(tensor.id(), i).is_none(), "duplicate id accepted");
         assert_eq!(Ok(tensor.byte_size), record.byte_size());
-        record.validate_shape().expect("accepted record has a valid shape");
+        record.validate_shape(table).expect("accepted record has a valid shape");
         let op = tensor.op();
         assert!(op.is_valid() && !op.is_custom(), "op {op:?} accepted");
     }
@@ -324,6 +337,11 @@ pub fn run(data: &[u8]) -> Option<GraphOutcome> {
     let mut u = Unstructured::new(data);
     let mode = byte(&mut u);
     let dialect = if mode & mode::V8 != 0 { Dialect::V8 } else { Dialect::V7 };
+    let table = if dialect == Dialect::V8 && mode & mode::V8_0_1 != 0 {
+        GgmlTable::V8_0_1
+    } else {
+        GgmlTable::V8_0_0
+    };
     let (request, limits) = if mode & mode::STRUCTURED == 0 {
         let payload = u.take_rest();
         let request = match GraphComputeRequest::decode(dialect, payload) {
@@ -338,7 +356,7 @@ pub fn run(data: &[u8]) -> Option<GraphOutcome> {
         (request, GraphLimits::default())
     } else {
         let spec = GraphSpec::arbitrary_take_rest(u).ok()?;
-        let (request, limits) = spec.to_request(dialect);
+        let (request, limits) = spec.to_request(dialect, table);
         let mut payload = BytesMut::new();
         request.encode(dialect, &mut payload);
         payload.extend_from_slice(&vec![0xee; usize::from(spec.trailing % 16)]);
@@ -347,15 +365,17 @@ pub fn run(data: &[u8]) -> Option<GraphOutcome> {
         assert_eq!(decoded, request, "encode/decode round trip");
         (decoded, limits)
     };
-    Some(match decode_and_check(&request, &limits) {
+    Some(match decode_and_check(&request, &limits, table) {
         Ok(graph) => GraphOutcome::Valid(graph.nodes.len()),
         Err(error) => GraphOutcome::Invalid(error),
     })
 }
 
 /// A valid graph for seeds: `layers` blocks of a small transformer-like chain, every tensor at
-/// `base` in buffer `handle` (at least 1,088 bytes), sources before users, nodes in order.
+/// `base` in buffer `handle` (at least 1,088 bytes), sources before users, nodes in order; ops
+/// in 7.0.0/8.0.0 numbering.
 pub fn sample_graph(dialect: Dialect, layers: u64, handle: u64, base: u64) -> GraphComputeRequest {
+    let unary = GgmlTable::V8_0_0.op_to_wire(Op::UNARY).expect("UNARY is in every table");
     let mut tensors = Vec::new();
     let mut nodes = Vec::new();
     let mut next_id = 1u64;
@@ -377,7 +397,7 @@ pub fn sample_graph(dialect: Dialect, layers: u64, handle: u64, base: u64) -> Gr
     for _ in 0..layers {
         let w = new(ty::Q8_0, [32, 32, 1, 1], 0, &[], false);
         let mm = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::MUL_MAT.0, &[w.id, x], true);
-        let mut act = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::UNARY.0, &[mm.id], true);
+        let mut act = new(ty::F32, [32, 4, 1, 1], unary, &[mm.id], true);
         act.op_params[0] = proto_core::ggml::UnaryOp::SILU.0;
         let add = new(ty::F32, [32, 4, 1, 1], proto_core::ggml::Op::ADD.0, &[act.id, x], true);
         nodes.extend([mm.id, act.id, add.id]);

@@ -250,7 +250,9 @@ mod tests {
     fn tensors_cover_the_size_exactly() {
         for size in [1, 4097, 256 << 20, u64::from(u32::MAX), 4 << 30, 5 << 30] {
             let tensor = bench_tensor(size).unwrap();
-            tensor.validate_shape().unwrap();
+            tensor
+                .validate_shape(proto_core::ggml::GgmlTable::V8_0_0)
+                .unwrap();
             assert_eq!(tensor.byte_size().unwrap(), size, "{size}");
         }
         assert_eq!(

@@ -9,12 +9,12 @@ use proto_core::wire::ProtocolVersion;
 /// Which protocol to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Protocol {
-    /// Try 8, then the server's major.
+    /// Try 8.0.1 (which accepts any 8.0.x server), then the server's major.
     Auto,
     /// Protocol 7 (llama.cpp b11434).
     #[value(name = "7")]
     V7,
-    /// Protocol 8.
+    /// Protocol 8 (any 8.0.x server; its op table is taken from its exact version).
     #[value(name = "8")]
     V8,
 }
@@ -29,7 +29,7 @@ pub async fn connect(
         match protocol {
             Protocol::Auto => Client::connect_auto(endpoint).await,
             Protocol::V7 => Client::connect(endpoint, ProtocolVersion::V7_0_0).await,
-            Protocol::V8 => Client::connect(endpoint, ProtocolVersion::V8_0_0).await,
+            Protocol::V8 => Client::connect(endpoint, ProtocolVersion::V8_0_1).await,
         }
     };
     tokio::time::timeout(timeout, attempt)

@@ -42,7 +42,14 @@ pub fn render(endpoint: &str, client: &Client, devices: &[DeviceReport]) -> Stri
         "no tensor cache"
     };
     let _ = writeln!(out, "endpoint  : {endpoint} ({})", client.peer_addr());
+    let table = client.server_table();
     let _ = writeln!(out, "protocol  : {}", client.server_version());
+    let _ = writeln!(
+        out,
+        "op table  : {table} ({} ops, {} types)",
+        table.op_count(),
+        table.type_count()
+    );
     let _ = writeln!(out, "flags     : {flags:#04x} ({flag_text})");
     let _ = writeln!(out, "devices   : {}", devices.len());
     for (index, device) in devices.iter().enumerate() {

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
 use proto_core::backend::DeviceMemory;
+use proto_core::ggml::GgmlTable;
 use proto_core::session::{ClientEvent, ClientSession, GraphSubmission, ServerHello};
 use proto_core::wire::{
     AllocSizeRequest, CommInitRequest, Command, Dialect, GraphComputeRequest, ProtocolVersion,
@@ -31,7 +32,7 @@ use crate::error::ClientError;
 use crate::transport::{flush, receive, receive_into};
 
 /// The versions [`Client::connect_auto`] tries, newest first.
-const AUTO_VERSIONS: [ProtocolVersion; 2] = [ProtocolVersion::V8_0_0, ProtocolVersion::V7_0_0];
+const AUTO_VERSIONS: [ProtocolVersion; 2] = [ProtocolVersion::LATEST, ProtocolVersion::V7_0_0];
 
 /// A buffer the server allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +68,7 @@ impl Client {
         Client::handshake(stream, version).await
     }
 
-    /// Connects speaking the newest version we know (8.0.0); if the server answers with
+    /// Connects speaking the newest version we know (8.0.1); if the server answers with
     /// another major that we also speak (7), reconnects speaking that one.
     pub async fn connect_auto(addr: impl ToSocketAddrs) -> Result<Client, ClientError> {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
@@ -122,6 +123,13 @@ impl Client {
     /// The server's protocol version.
     pub fn server_version(&self) -> ProtocolVersion {
         self.hello.version
+    }
+
+    /// The numbering of ggml's ops and types the server uses, from its exact version.
+    /// [`Client::graph_compute`] takes ops in the newest numbering ([`proto_core::ggml::Op`])
+    /// and sends them in this one.
+    pub fn server_table(&self) -> GgmlTable {
+        self.session.server_table()
     }
 
     /// HELLO byte 3: flags in the newest upstream (bit 0: tensor cache), 0 before.
@@ -425,8 +433,12 @@ impl Client {
     }
 
     /// Submits a graph (no response): GRAPH_RECOMPUTE when the server still holds a graph with
-    /// this uid (as the reference client decides, mirroring the server's graph cache),
-    /// GRAPH_COMPUTE with the whole graph otherwise. Returns which one was sent.
+    /// this uid, GRAPH_COMPUTE with the whole graph otherwise. The tensors' ops are in the newest
+    /// numbering ([`proto_core::ggml::Op`]) and go out in the server's ([`Client::server_table`]);
+    /// an op the server's table lacks fails before anything is sent.
+    ///
+    /// The choice mirrors the server's graph cache, as the reference client's does. Returns
+    /// which one was sent.
     pub async fn graph_compute(
         &mut self,
         graph: &GraphComputeRequest,

@@ -4,11 +4,13 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use clap::Parser;
+use proto_core::wire::ProtocolVersion;
 use shell_common::{DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
 
 use crate::shells;
 
-/// A ggml RPC server (wire compatible with llama.cpp's `rpc-server`, protocol 7 or 8).
+/// A ggml RPC server (wire compatible with llama.cpp's `rpc-server`, protocols 7.0.0, 8.0.0
+/// and 8.0.1).
 #[derive(Debug, Parser)]
 #[command(name = "ggml-rpc-server", version)]
 pub struct Args {
@@ -39,9 +41,12 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 
-    /// Protocol major version to speak: 7 (llama.cpp b11434) or 8 (newer).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(7..=8))]
-    pub protocol: u8,
+    /// Protocol to serve: 7 (llama.cpp b11434 to before b11739), 8.0.0 (b11739 to before
+    /// b12032), 8.0.1 (b12032 and later); 8 means the newest 8.x. Choose the one of your
+    /// clients' llama.cpp: 8.0.0 and 8.0.1 clients accept each other's servers but number
+    /// ggml's ops differently, and nothing on the wire tells which a client is.
+    #[arg(long, default_value = "8", value_parser = parse_protocol)]
+    pub protocol: ProtocolVersion,
 
     /// Most clients served at once; further connections are closed immediately.
     #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
@@ -79,6 +84,15 @@ pub struct Args {
 
 /// The reference accepts only a dotted-quad IPv4 literal (no names), and rejects
 /// 255.255.255.255, which its parser cannot tell from an error.
+fn parse_protocol(text: &str) -> Result<ProtocolVersion, String> {
+    match text {
+        "7" | "7.0.0" => Ok(ProtocolVersion::V7_0_0),
+        "8.0.0" => Ok(ProtocolVersion::V8_0_0),
+        "8" | "8.0.1" => Ok(ProtocolVersion::V8_0_1),
+        _ => Err("expected 7, 8.0.0, 8.0.1 or 8 (the newest 8.x)".to_owned()),
+    }
+}
+
 fn parse_host(text: &str) -> Result<Ipv4Addr, String> {
     match text.parse::<Ipv4Addr>() {
         Ok(addr) if addr != Ipv4Addr::BROADCAST => Ok(addr),
@@ -111,7 +125,7 @@ mod tests {
         let args = Args::try_parse_from(["ggml-rpc-server"]).unwrap();
         assert_eq!(args.host, Ipv4Addr::LOCALHOST);
         assert_eq!(args.port, 50052);
-        assert_eq!(args.protocol, 8);
+        assert_eq!(args.protocol, ProtocolVersion::V8_0_1);
         assert_eq!(args.shell, "tokio");
         assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
         assert!(!args.no_huge_pages && !args.system_congestion_control);
@@ -142,7 +156,19 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(args.host, Ipv4Addr::UNSPECIFIED);
-        assert_eq!((args.port, args.threads, args.protocol), (1234, Some(3), 7));
+        assert_eq!(
+            (args.port, args.threads, args.protocol),
+            (1234, Some(3), ProtocolVersion::V7_0_0)
+        );
+        for (text, version) in [
+            ("8.0.0", ProtocolVersion::V8_0_0),
+            ("8.0.1", ProtocolVersion::V8_0_1),
+            ("8", ProtocolVersion::V8_0_1),
+            ("7.0.0", ProtocolVersion::V7_0_0),
+        ] {
+            let args = Args::try_parse_from(["ggml-rpc-server", "--protocol", text]).unwrap();
+            assert_eq!(args.protocol, version, "{text}");
+        }
         assert_eq!(args.device.as_deref(), Some("cpu"));
         assert!(args.cache && args.no_huge_pages && args.system_congestion_control);
         assert_eq!(
@@ -157,6 +183,8 @@ mod tests {
             &["-t", "0"],
             &["-t", "-2"],
             &["--protocol", "9"],
+            &["--protocol", "8.0.2"],
+            &["--protocol", "8.1"],
             &["--shell", "nope"],
             &["--max-clients", "0"],
         ] {

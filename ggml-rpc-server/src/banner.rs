@@ -1,9 +1,11 @@
-//! The start-up banner and the exposure warning, as the reference prints them (§11.2).
+//! The start-up banner and the exposure warning, as the reference prints them (§11.2), plus one
+//! line naming the clients the chosen protocol serves.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use proto_core::ggml::GgmlTable;
 use proto_core::wire::ProtocolVersion;
 
 use crate::devices::DeviceInfo;
@@ -32,7 +34,24 @@ pub fn banner(
         );
     }
     let _ = writeln!(out, "  transport      : TCP");
+    let _ = writeln!(out, "  clients        : {}", served_clients(version));
     out
+}
+
+/// Which llama.cpp clients a protocol serves, and what the others need: 8.0.0 and 8.0.1
+/// clients accept either server but number ggml's ops differently (PROTOCOL.md §1.6).
+pub fn served_clients(version: ProtocolVersion) -> &'static str {
+    match (version.major, version.ggml_table()) {
+        (7, _) => "llama.cpp of protocol 7.x (b11434); 8.x clients refuse this server",
+        (_, GgmlTable::V8_0_0) => {
+            "llama.cpp of protocol 8.0.0 (b11739); 8.0.1 clients (b12032 and later) need \
+             --protocol 8.0.1"
+        }
+        _ => {
+            "llama.cpp of protocol 8.0.1 (b12032 and later); 8.0.0 clients (b11739) need \
+             --protocol 8.0.0"
+        }
+    }
 }
 
 /// The warning block printed to stderr when the server binds to anything but 127.0.0.1.
@@ -74,7 +93,9 @@ mod tests {
         assert_eq!(
             text,
             "Starting RPC server v8.0.0\n  endpoint       : 127.0.0.1:50052\n  local cache    : n/a\n\
-             Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n"
+             Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n  clients        : \
+             llama.cpp of protocol 8.0.0 (b11739); 8.0.1 clients (b12032 and later) need \
+             --protocol 8.0.1\n"
         );
     }
 

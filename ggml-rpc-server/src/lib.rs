@@ -20,7 +20,6 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use proto_core::tensor_cache::TensorCache;
-use proto_core::wire::ProtocolVersion;
 use shell_common::FsTensorCache;
 use tracing_subscriber::EnvFilter;
 
@@ -85,11 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         })
         .transpose()?;
 
-    let version = if args.protocol == 7 {
-        ProtocolVersion::V7_0_0
-    } else {
-        ProtocolVersion::V8_0_0
-    };
+    let version = args.protocol;
     let mut config = ServerConfig::new(version);
     config.max_clients = args.max_clients;
     config.memory_quota = args.memory_quota;

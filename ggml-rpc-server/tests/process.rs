@@ -94,13 +94,17 @@ fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
         shell,
     ]);
     assert!(
-        banner.starts_with("Starting RPC server v8.0.0\n"),
+        banner.starts_with("Starting RPC server v8.0.1\n"),
         "{banner}"
     );
     assert!(banner.contains(&format!("  endpoint       : 127.0.0.1:{port}\n")));
     assert!(banner.contains(&format!("  local cache    : {}\n", cache_dir.display())));
     assert!(banner.contains("Devices:\n  CPU: "));
     assert!(banner.contains(" MiB free)\n  transport      : TCP\n"));
+    assert!(
+        banner.contains("  clients        : llama.cpp of protocol 8.0.1 (b12032 and later)"),
+        "{banner}"
+    );
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

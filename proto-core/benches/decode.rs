@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use proto_core::backend::BufferId;
 use proto_core::dispatch::BufferTable;
-use proto_core::ggml::{flags, types::id, Op, UnaryOp};
+use proto_core::ggml::{flags, types::id, GgmlTable, Op, UnaryOp};
 use proto_core::graph::{Graph, GraphLimits};
 use proto_core::session::{ServerEvent, ServerSession, ServerSessionConfig};
 use proto_core::wire::{
@@ -49,7 +49,7 @@ fn connected_session() -> ServerSession {
         other => panic!("expected HELLO, got {other:?}"),
     }
     let hello = Response::Hello {
-        version: ProtocolVersion::V8_0_0,
+        version: ProtocolVersion::LATEST,
         flags: 0,
         caps: [0; 24],
     };
@@ -333,15 +333,17 @@ fn realistic_graph(table: &mut BufferTable) -> GraphComputeRequest {
 }
 
 fn bench_graph(c: &mut Criterion) {
-    let mut table = BufferTable::default();
+    let mut table = BufferTable::new(GgmlTable::V8_0_1);
     let request = realistic_graph(&mut table);
     let mut payload = BytesMut::new();
     request.encode(Dialect::V8, &mut payload);
     let payload = payload.freeze();
     let limits = GraphLimits::default();
     let decode_graph = |request: &GraphComputeRequest| {
-        Graph::decode(request, &limits, &mut |tensor, _| table.location(tensor))
-            .expect("valid graph")
+        Graph::decode(request, &limits, GgmlTable::V8_0_1, &mut |tensor, _| {
+            table.location(tensor)
+        })
+        .expect("valid graph")
     };
     // Sanity: the payload decodes to the request and the graph validates.
     let Request::GraphCompute(decoded) =
@@ -385,7 +387,7 @@ fn bench_graph(c: &mut Criterion) {
 fn bench_memcpy(c: &mut Criterion) {
     let mut group = c.benchmark_group("memcpy");
     let stream_volume = 64 * (9 + SetTensorHeader::SIZE + (4 << 20));
-    let mut table = BufferTable::default();
+    let mut table = BufferTable::new(GgmlTable::V8_0_1);
     let graph_volume = realistic_graph(&mut table).encoded_len(Dialect::V8);
     for (name, len) in [
         ("set_tensor_volume", stream_volume),

@@ -4,6 +4,7 @@
 //! variants exist to make the logged reason precise; [`ErrorKind`] gives each a stable name that
 //! the test vectors refer to.
 
+use crate::ggml::GgmlTable;
 use crate::graph::GraphError;
 use crate::wire::Command;
 
@@ -111,6 +112,29 @@ pub enum Error {
         op: u32,
         /// Why.
         reason: &'static str,
+    },
+    /// A graph op id that the served protocol's op table does not have, or has as a custom op
+    /// where a newer table has a real one: most likely a client of another protocol version
+    /// (8.0.0 and 8.0.1 accept each other in HELLO but number ops differently).
+    #[error("{}", outside_table(*.op, *.table, *.likely_client))]
+    OpOutsideTable {
+        /// The wire op id.
+        op: u32,
+        /// The table of the served protocol.
+        table: GgmlTable,
+        /// The table of a client that would have sent a real op with this id.
+        likely_client: Option<GgmlTable>,
+    },
+    /// A graph op (newest numbering) that the server's op table lacks; nothing was sent.
+    #[error(
+        "op {} ({op}) does not exist in protocol {table}'s op table, which the server uses",
+        crate::ggml::op_name(*.op).unwrap_or("unknown")
+    )]
+    OpNotInServerTable {
+        /// The op, in the newest numbering.
+        op: u32,
+        /// The server's table.
+        table: GgmlTable,
     },
     /// GRAPH_RECOMPUTE for a graph that is not stored.
     #[error("graph not found (device {device}, uid {uid})")]
@@ -322,7 +346,9 @@ impl Error {
             Error::MissingBuffer => ErrorKind::MissingBuffer,
             Error::OutOfBounds(_) => ErrorKind::OutOfBounds,
             Error::InvalidGraph(_) => ErrorKind::InvalidGraph,
-            Error::OpRefused { .. } => ErrorKind::OpRefused,
+            Error::OpRefused { .. }
+            | Error::OpOutsideTable { .. }
+            | Error::OpNotInServerTable { .. } => ErrorKind::OpRefused,
             Error::GraphNotFound { .. } => ErrorKind::GraphNotFound,
             Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
             Error::VersionMismatch { .. } => ErrorKind::VersionMismatch,
@@ -345,6 +371,23 @@ impl From<crate::comm::CommError> for Error {
 
 /// Result alias of the core.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn outside_table(op: u32, table: GgmlTable, likely_client: Option<GgmlTable>) -> String {
+    let place = match table.op_name(op) {
+        Some(name) => format!("op {op} is {name}, a custom op, in protocol {table}'s op table"),
+        None => format!(
+            "op {op} is past protocol {table}'s op table ({} ops)",
+            table.op_count()
+        ),
+    };
+    match likely_client.and_then(|client| Some((client, client.op_name(op)?))) {
+        Some((client, name)) => format!(
+            "{place}; is the client {client} (where op {op} is {name})? \
+             Serve protocol {client} to its clients"
+        ),
+        None => place,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use crate::backend::{BufferId, TensorLocation};
 use crate::error::{Error, Result};
+use crate::ggml::GgmlTable;
 use crate::wire::RpcTensor;
 
 /// First synthetic base address: far from 0 so a zeroed field never aliases a buffer.
@@ -66,15 +67,19 @@ pub struct ResolvedTensor {
 /// Handles and address ranges of one connection's buffers.
 #[derive(Debug)]
 pub struct BufferTable {
+    /// The type table tensors are validated against (the served protocol's).
+    table: GgmlTable,
     entries: HashMap<u64, BufferEntry>,
     next_handle: u64,
     next_base: u64,
     total_bytes: u64,
 }
 
-impl Default for BufferTable {
-    fn default() -> Self {
+impl BufferTable {
+    /// An empty table whose tensors are validated against `table`.
+    pub fn new(table: GgmlTable) -> Self {
         BufferTable {
+            table,
             entries: HashMap::new(),
             next_handle: 0,
             next_base: ADDRESS_SPACE_START,
@@ -154,7 +159,7 @@ impl BufferTable {
     /// error (the reference silently drops it); a tensor with elements must lie inside its
     /// buffer, with overflow-checked arithmetic.
     pub fn resolve(&self, tensor: &RpcTensor) -> Result<ResolvedTensor> {
-        tensor.validate_shape()?;
+        tensor.validate_shape(self.table)?;
         let byte_size = tensor.byte_size()?;
         if tensor.buffer == 0 {
             return Ok(ResolvedTensor {

@@ -213,7 +213,7 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             backend,
             config,
             dialect,
-            buffers: BufferTable::default(),
+            buffers: BufferTable::new(version.ggml_table()),
             graphs: GraphCache::new(dialect),
             stream: None,
             communicators: HashSet::new(),
@@ -404,7 +404,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 if self.buffers.get(request.tensor.buffer).is_ok() {
                     self.buffers.resolve(&request.tensor)?;
                 } else {
-                    request.tensor.validate_shape()?;
+                    request
+                        .tensor
+                        .validate_shape(self.config.version.ggml_table())?;
                 }
                 respond(Response::AllocSize(
                     self.backend.alloc_size(device, &request.tensor)?,
@@ -414,10 +416,12 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 let device = self.device(request.device)?;
                 self.graphs.prepare(device, request.uid);
                 let buffers = &self.buffers;
-                let graph =
-                    Graph::decode(&request, &self.config.graph_limits, &mut |tensor, _| {
-                        buffers.location(tensor)
-                    })?;
+                let graph = Graph::decode(
+                    &request,
+                    &self.config.graph_limits,
+                    self.config.version.ggml_table(),
+                    &mut |tensor, _| buffers.location(tensor),
+                )?;
                 self.backend.graph_compute(device, &graph)?;
                 self.graphs.store(device, request.uid, Arc::new(graph));
                 Ok(Outcome::Done)

@@ -1,6 +1,8 @@
 //! Which work a shell runs off its event loop (a blocking thread, `block_in_place`).
 
 use crate::dispatch::BufferTable;
+#[cfg(test)]
+use crate::ggml::GgmlTable;
 use crate::session::ServerEvent;
 use crate::wire::Request;
 
@@ -55,7 +57,7 @@ mod tests {
 
     #[test]
     fn freeing_a_large_buffer_or_client_is_heavy() {
-        let mut buffers = BufferTable::default();
+        let mut buffers = BufferTable::new(GgmlTable::V8_0_1);
         let small = buffers
             .insert(BufferId(1), 0, HEAVY_FREE_BYTES - 1)
             .unwrap();
@@ -68,7 +70,7 @@ mod tests {
         // An unknown handle is the dispatcher's error to report, at once.
         assert!(!is_heavy(&free(0), &buffers));
         // Two small buffers add up.
-        let mut two = BufferTable::default();
+        let mut two = BufferTable::new(GgmlTable::V8_0_1);
         two.insert(BufferId(1), 0, HEAVY_FREE_BYTES / 2).unwrap();
         assert!(!is_heavy_to_free(&two));
         two.insert(BufferId(2), 0, HEAVY_FREE_BYTES / 2).unwrap();

@@ -1,9 +1,11 @@
 //! ggml's tables that are part of the de-facto wire contract: tensor types, ops and flags.
 
 pub mod ops;
+mod table;
 pub mod types;
 
 pub use ops::{op_name, GluOp, Op, UnaryOp, OP_COUNT};
+pub use table::GgmlTable;
 pub use types::{type_info, TypeInfo, TYPE_COUNT};
 
 /// Tensor flag bits carried in `rpc_tensor.flags`.

@@ -1,9 +1,12 @@
-//! ggml op ids (`rpc_tensor.op`), unary sub-ops and GLU sub-ops, as of b11434.
+//! ggml's ops in the newest numbering (llama.cpp b12032+1, protocol 8.0.1), unary sub-ops and
+//! GLU sub-ops. Peers of protocol 7.0.0 and 8.0.0 number the ops from `UNARY` on one lower: the
+//! wire ids are translated by [`GgmlTable`](super::GgmlTable), never compared with these directly.
 
-/// Number of op ids (`GGML_OP_COUNT`); both protocol 7.0.0 and 8.0.0 assert this value.
-pub const OP_COUNT: u32 = 101;
+/// Number of ops in the newest table (`GGML_OP_COUNT` of protocol 8.0.1).
+pub const OP_COUNT: u32 = 102;
 
-/// A ggml op id as carried on the wire. Not every `u32` is a valid op: see [`Op::is_valid`].
+/// A ggml op in the newest numbering (see the module documentation). A graph decoded by
+/// [`Graph::decode`](crate::graph::Graph::decode) holds these, whatever table its peer used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Op(pub u32);
 
@@ -191,30 +194,32 @@ impl Op {
     pub const DSV4_HC_PRE: Op = Op(89);
     /// `GGML_OP_DSV4_HC_POST`.
     pub const DSV4_HC_POST: Op = Op(90);
+    /// `GGML_OP_TOP_K_MASK` (8.0.1 only).
+    pub const TOP_K_MASK: Op = Op(91);
     /// `GGML_OP_UNARY`.
-    pub const UNARY: Op = Op(91);
+    pub const UNARY: Op = Op(92);
     /// `GGML_OP_MAP_CUSTOM1`.
-    pub const MAP_CUSTOM1: Op = Op(92);
+    pub const MAP_CUSTOM1: Op = Op(93);
     /// `GGML_OP_MAP_CUSTOM2`.
-    pub const MAP_CUSTOM2: Op = Op(93);
+    pub const MAP_CUSTOM2: Op = Op(94);
     /// `GGML_OP_MAP_CUSTOM3`.
-    pub const MAP_CUSTOM3: Op = Op(94);
+    pub const MAP_CUSTOM3: Op = Op(95);
     /// `GGML_OP_CUSTOM`.
-    pub const CUSTOM: Op = Op(95);
+    pub const CUSTOM: Op = Op(96);
     /// `GGML_OP_CROSS_ENTROPY_LOSS`.
-    pub const CROSS_ENTROPY_LOSS: Op = Op(96);
+    pub const CROSS_ENTROPY_LOSS: Op = Op(97);
     /// `GGML_OP_CROSS_ENTROPY_LOSS_BACK`.
-    pub const CROSS_ENTROPY_LOSS_BACK: Op = Op(97);
+    pub const CROSS_ENTROPY_LOSS_BACK: Op = Op(98);
     /// `GGML_OP_OPT_STEP_ADAMW`.
-    pub const OPT_STEP_ADAMW: Op = Op(98);
+    pub const OPT_STEP_ADAMW: Op = Op(99);
     /// `GGML_OP_OPT_STEP_SGD`.
-    pub const OPT_STEP_SGD: Op = Op(99);
+    pub const OPT_STEP_SGD: Op = Op(100);
     /// `GGML_OP_GLU`.
-    pub const GLU: Op = Op(100);
+    pub const GLU: Op = Op(101);
 }
 
 impl Op {
-    /// Whether the id is inside ggml's op table.
+    /// Whether the op is inside ggml's newest op table.
     pub fn is_valid(self) -> bool {
         self.0 < OP_COUNT
     }
@@ -328,6 +333,7 @@ static OP_NAMES: [&str; OP_COUNT as usize] = [
     "DSV4_HC_COMB",
     "DSV4_HC_PRE",
     "DSV4_HC_POST",
+    "TOP_K_MASK",
     "UNARY",
     "MAP_CUSTOM1",
     "MAP_CUSTOM2",
@@ -340,7 +346,7 @@ static OP_NAMES: [&str; OP_COUNT as usize] = [
     "GLU",
 ];
 
-/// ggml's display name of an op id, `None` when out of range.
+/// ggml's display name of an op (newest numbering), `None` when out of range.
 pub fn op_name(op: u32) -> Option<&'static str> {
     OP_NAMES.get(usize::try_from(op).ok()?).copied()
 }
@@ -449,6 +455,8 @@ mod tests {
         assert_eq!(op_name(Op::MUL_MAT.0), Some("MUL_MAT"));
         assert_eq!(op_name(Op::GLU.0), Some("GLU"));
         assert_eq!(Op::FLASH_ATTN_EXT.0, 74);
+        assert_eq!(op_name(91), Some("TOP_K_MASK"));
+        assert_eq!((Op::UNARY.0, Op::GLU.0), (92, 101));
         assert_eq!(op_name(OP_COUNT), None);
         assert!(Op::CUSTOM.is_custom() && !Op::UNARY.is_custom());
         assert!(!Op(OP_COUNT).is_valid());

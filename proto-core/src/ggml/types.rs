@@ -1,7 +1,8 @@
-//! The ggml tensor type table (as of llama.cpp b11434; unchanged by protocol 8.0.0).
+//! The ggml tensor type table, newest (protocol 8.0.1: `f8_e4m3` added as id 43). Peers of
+//! protocol 7.0.0 and 8.0.0 know ids below 43 only: see [`GgmlTable`](super::GgmlTable).
 
-/// Number of type ids in the table (`GGML_TYPE_COUNT`).
-pub const TYPE_COUNT: u32 = 43;
+/// Number of type ids in the newest table (`GGML_TYPE_COUNT` of protocol 8.0.1).
+pub const TYPE_COUNT: u32 = 44;
 
 /// One entry of the ggml type table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +73,7 @@ static TYPES: [TypeInfo; TYPE_COUNT as usize] = [
     t("nvfp4", 64, 36, true),
     t("q1_0", 128, 18, true),
     t("q2_0", 64, 18, true),
+    t("f8_e4m3", 1, 1, false),
 ];
 
 /// Well-known type ids used by the protocol itself.
@@ -90,10 +92,12 @@ pub mod id {
     pub const I32: u32 = 26;
     /// `GGML_TYPE_BF16`.
     pub const BF16: u32 = 30;
+    /// `GGML_TYPE_F8_E4M3` (protocol 8.0.1).
+    pub const F8_E4M3: u32 = 43;
 }
 
-/// Looks a type id up; `None` for ids out of range and for removed ids (block size 0), which is
-/// exactly the set the reference deserializer rejects.
+/// Looks a type id up in the newest table; `None` for ids out of range and for removed ids
+/// (block size 0), which is exactly the set the reference deserializer rejects.
 pub fn type_info(type_id: u32) -> Option<&'static TypeInfo> {
     TYPES
         .get(usize::try_from(type_id).ok()?)
@@ -106,12 +110,13 @@ mod tests {
 
     #[test]
     fn removed_and_out_of_range_ids_are_rejected() {
-        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 43, 1000, u32::MAX] {
+        for removed in [4, 5, 31, 32, 33, 36, 37, 38, 44, 1000, u32::MAX] {
             assert!(type_info(removed).is_none(), "type {removed}");
         }
         assert_eq!(type_info(id::Q4_K).unwrap().type_size, 144);
         assert_eq!(type_info(id::BF16).unwrap().name, "bf16");
         let valid = (0..TYPE_COUNT).filter(|&i| type_info(i).is_some()).count();
-        assert_eq!(valid, 35);
+        assert_eq!(valid, 36);
+        assert_eq!(type_info(id::F8_E4M3).unwrap().name, "f8_e4m3");
     }
 }

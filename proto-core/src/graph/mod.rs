@@ -24,7 +24,7 @@ mod validate;
 
 use crate::backend::TensorLocation;
 use crate::error::Result;
-use crate::ggml::{flags, Op};
+use crate::ggml::{flags, GgmlTable, Op};
 use crate::wire::{GraphComputeRequest, RpcTensor, MAX_SRC};
 
 pub use error::{GraphError, Link};
@@ -35,7 +35,8 @@ pub type TensorIndex = u32;
 /// One tensor of a decoded graph: its wire record plus the links resolved to indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphTensor {
-    /// The wire record, unchanged (op, op_params, flags, ne, nb, name, use_count, raw ids...).
+    /// The wire record, unchanged (op_params, flags, ne, nb, name, use_count, raw ids...) but
+    /// for `op`, which holds the op in the newest numbering whatever table the client used.
     pub record: RpcTensor,
     /// `record.src[i]` resolved to an index (`None` where the wire id is 0). Slot positions are
     /// kept because ops give meaning to them.
@@ -132,16 +133,18 @@ impl Graph {
     /// Errors: [`Error::InvalidGraph`](crate::Error::InvalidGraph) with a [`GraphError`] for
     /// structural problems (limits, empty node list, zero/duplicate/unknown ids, dangling links, cycles, views
     /// outside their source, nodes out of order, computed tensors without storage);
-    /// [`Error::OpRefused`](crate::Error::OpRefused) for op ids outside ggml's table, custom ops
-    /// and unknown unary/GLU sub-ops; the errors of [`RpcTensor::validate_shape`] and
+    /// [`Error::OpOutsideTable`](crate::Error::OpOutsideTable) for op ids outside `table`;
+    /// [`Error::OpRefused`](crate::Error::OpRefused) for custom ops and unknown unary/GLU
+    /// sub-ops; the errors of [`RpcTensor::validate_shape`] and
     /// [`RpcTensor::byte_size`] for bad records. Never panics and never recurses, whatever the
     /// input; runs in time linear in the request size.
     pub fn decode(
         request: &GraphComputeRequest,
         limits: &GraphLimits,
+        table: GgmlTable,
         resolve: &mut dyn FnMut(&RpcTensor, u64) -> Result<Option<TensorLocation>>,
     ) -> Result<Graph> {
-        validate::decode(request, limits, resolve)
+        validate::decode(request, limits, table, resolve)
     }
 
     /// The tensor at `index`.
@@ -184,6 +187,8 @@ fn slot(index: TensorIndex) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NEWEST: GgmlTable = GgmlTable::V8_0_1;
     use crate::backend::BufferId;
     use crate::error::{Error, ErrorKind};
     use crate::ggml::types::id as ty;
@@ -248,7 +253,11 @@ mod tests {
     }
 
     fn decode(request: &GraphComputeRequest) -> Result<Graph> {
-        Graph::decode(request, &GraphLimits::default(), &mut resolver)
+        decode_in(NEWEST, request)
+    }
+
+    fn decode_in(table: GgmlTable, request: &GraphComputeRequest) -> Result<Graph> {
+        Graph::decode(request, &GraphLimits::default(), table, &mut resolver)
     }
 
     /// Asserts an `InvalidGraph` error whose message contains `needle`.
@@ -266,7 +275,11 @@ mod tests {
     #[track_caller]
     fn assert_refused(result: Result<Graph>, op: u32) {
         match result {
-            Err(Error::OpRefused { op: refused, .. }) => assert_eq!(refused, op),
+            Err(
+                Error::OpRefused { op: refused, .. } | Error::OpOutsideTable { op: refused, .. },
+            ) => {
+                assert_eq!(refused, op)
+            }
             other => panic!("expected OpRefused for op {op}, got {other:?}"),
         }
     }
@@ -364,15 +377,20 @@ mod tests {
         let b = node(2, Op::SQR, &[1], [4, 1, 1, 1]);
         let req = request(&[2], vec![b.clone(), a.clone()]);
         let mut seen = Vec::new();
-        let graph = Graph::decode(&req, &GraphLimits::default(), &mut |record, size| {
-            seen.push((record.id, size));
-            resolver(record, size)
-        })
+        let graph = Graph::decode(
+            &req,
+            &GraphLimits::default(),
+            NEWEST,
+            &mut |record, size| {
+                seen.push((record.id, size));
+                resolver(record, size)
+            },
+        )
         .expect("valid");
         assert_eq!(seen, [(2, 16), (1, 16)]);
         assert!(graph.tensors.iter().all(|t| t.location.is_some()));
 
-        let failing = Graph::decode(&req, &GraphLimits::default(), &mut |_, _| {
+        let failing = Graph::decode(&req, &GraphLimits::default(), NEWEST, &mut |_, _| {
             Err(Error::OutOfBounds("tensor outside its buffer"))
         });
         assert_eq!(
@@ -403,17 +421,20 @@ mod tests {
             max_nodes: 1,
             ..GraphLimits::default()
         };
-        assert_invalid(Graph::decode(&req, &nodes, &mut resolver), "limit");
+        assert_invalid(Graph::decode(&req, &nodes, NEWEST, &mut resolver), "limit");
         let tensors = GraphLimits {
             max_tensors: 1,
             ..GraphLimits::default()
         };
-        assert_invalid(Graph::decode(&req, &tensors, &mut resolver), "limit");
+        assert_invalid(
+            Graph::decode(&req, &tensors, NEWEST, &mut resolver),
+            "limit",
+        );
         let exact = GraphLimits {
             max_nodes: 2,
             max_tensors: 2,
         };
-        assert!(Graph::decode(&req, &exact, &mut resolver).is_ok());
+        assert!(Graph::decode(&req, &exact, NEWEST, &mut resolver).is_ok());
     }
 
     #[test]
@@ -526,9 +547,16 @@ mod tests {
             Err(Error::InvalidType { type_id: 4 })
         );
         let mut out_of_table = node(1, Op::SQR, &[], [4, 1, 1, 1]);
-        out_of_table.type_id = 43;
+        out_of_table.type_id = 44;
         assert_eq!(
-            decode(&single(out_of_table)),
+            decode(&single(out_of_table.clone())),
+            Err(Error::InvalidType { type_id: 44 })
+        );
+        // f8_e4m3 (43) is 8.0.1's: past the table a 7.0.0/8.0.0 server serves
+        out_of_table.type_id = 43;
+        assert!(decode(&single(out_of_table.clone())).is_ok());
+        assert_eq!(
+            decode_in(GgmlTable::V8_0_0, &single(out_of_table)),
             Err(Error::InvalidType { type_id: 43 })
         );
         let mut misaligned = typed(1, ty::Q8_0, [32, 1, 1, 1]);
@@ -550,7 +578,7 @@ mod tests {
         let mut wide = node(1, Op::SQR, &[], [4, 1, 1, 1]);
         wide.ne = [u32::MAX, 1 << 30, 1, 1];
         wide.nb = [u32::MAX; 4];
-        assert_eq!(wide.validate_shape(), Ok(()));
+        assert_eq!(wide.validate_shape(NEWEST), Ok(()));
         assert_eq!(decode(&single(wide)), Err(Error::SizeOverflow("byte size")));
         // a bad record that no node reaches is still rejected
         let mut unused = leaf(2, [4, 1, 1, 1]);
@@ -587,6 +615,45 @@ mod tests {
             let t = node(1, Op(op), &[], [4, 1, 1, 1]);
             assert_eq!(decode(&single(t)).is_ok(), !Op(op).is_custom(), "op {op}");
         }
+    }
+
+    #[test]
+    fn older_clients_ops_are_renumbered_and_newer_ones_named() {
+        let old = GgmlTable::V8_0_0;
+        // 7.0.0/8.0.0 number UNARY 91 and GLU 100; the decoded graph holds the newest numbering
+        for (wire, op) in [(91, Op::UNARY), (100, Op::GLU), (90, Op::DSV4_HC_POST)] {
+            let mut t = node(1, Op::SQR, &[], [4, 1, 1, 1]);
+            t.op = wire;
+            let graph = decode_in(old, &single(t)).unwrap();
+            assert_eq!(graph.tensors[0].op(), op, "wire op {wire}");
+        }
+        // an 8.0.1 client's GLU (101) and UNARY (92) sent to an 8.0.0 server
+        for (wire, name) in [(101, "GLU"), (92, "UNARY")] {
+            let mut t = node(1, Op::SQR, &[], [4, 1, 1, 1]);
+            t.op = wire;
+            let error = decode_in(old, &single(t)).unwrap_err();
+            assert_eq!(
+                error,
+                Error::OpOutsideTable {
+                    op: wire,
+                    table: old,
+                    likely_client: Some(GgmlTable::V8_0_1)
+                }
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains("is the client 8.0.1")
+                    && message.contains(&format!("op {wire} is {name}")),
+                "{message}"
+            );
+        }
+        let mut newest_past = node(1, Op::SQR, &[], [4, 1, 1, 1]);
+        newest_past.op = 102;
+        let message = decode(&single(newest_past)).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "op 102 is past protocol 8.0.1's op table (102 ops)"
+        );
     }
 
     #[test]

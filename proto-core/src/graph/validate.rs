@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use super::{slot, Graph, GraphError, GraphLimits, GraphTensor, Link, TensorIndex};
 use crate::backend::TensorLocation;
 use crate::error::{Error, Result};
-use crate::ggml::{GluOp, Op, UnaryOp};
+use crate::ggml::{GgmlTable, GluOp, Op, UnaryOp};
 use crate::wire::{GraphComputeRequest, RpcTensor, MAX_SRC};
 
 fn invalid(error: GraphError) -> Error {
@@ -46,6 +46,7 @@ fn at_mut<T>(items: &mut [T], index: TensorIndex) -> Result<&mut T> {
 pub(super) fn decode(
     request: &GraphComputeRequest,
     limits: &GraphLimits,
+    table: GgmlTable,
     resolve: &mut dyn FnMut(&RpcTensor, u64) -> Result<Option<TensorLocation>>,
 ) -> Result<Graph> {
     let n_nodes = request.node_ids.len();
@@ -75,7 +76,7 @@ pub(super) fn decode(
 
     let mut tensors = Vec::with_capacity(n_tensors);
     for (position, record) in request.tensors.iter().enumerate() {
-        tensors.push(check_record(position, record)?);
+        tensors.push(check_record(position, record, table)?);
     }
     let ids = index_ids(&request.tensors)?;
     resolve_links(&mut tensors, &ids)?;
@@ -98,18 +99,20 @@ pub(super) fn decode(
 }
 
 /// Everything a record can be checked for without looking at other records.
-fn check_record(position: usize, record: &RpcTensor) -> Result<GraphTensor> {
+fn check_record(position: usize, record: &RpcTensor, table: GgmlTable) -> Result<GraphTensor> {
     if record.id == 0 {
         // 0 means "no tensor" in every link field, so a tensor with id 0 could never be named.
         return Err(invalid(GraphError::ZeroTensorId { position }));
     }
     // G3: ggml's constructor aborts on an element count overflowing i64 and silently truncates
     // sizes for a misaligned ne[0].
-    record.validate_shape()?;
+    record.validate_shape(table)?;
     let byte_size = record.byte_size()?;
-    check_op(record)?;
+    let op = check_op(record, table)?;
+    let mut record = record.clone();
+    record.op = op.0;
     Ok(GraphTensor {
-        record: record.clone(),
+        record,
         src: [None; MAX_SRC],
         view_src: None,
         byte_size,
@@ -117,21 +120,27 @@ fn check_record(position: usize, record: &RpcTensor) -> Result<GraphTensor> {
     })
 }
 
-/// G6/G7: the op must be in ggml's table, must not be a custom op (their op_params hold client
-/// function pointers the server would call), and UNARY/GLU sub-ops must be in their tables
-/// (backends index dispatch tables with them).
-fn check_op(record: &RpcTensor) -> Result<()> {
-    let op = Op(record.op);
+/// G6/G7: the op must be in the served protocol's op table, must not be a custom op (their
+/// op_params hold client function pointers the server would call), and UNARY/GLU sub-ops must
+/// be in their tables (backends index dispatch tables with them). Returns the op in the newest
+/// numbering.
+fn check_op(record: &RpcTensor, table: GgmlTable) -> Result<Op> {
     let refuse = |reason| {
         Err(Error::OpRefused {
             op: record.op,
             reason,
         })
     };
-    if !op.is_valid() {
-        return refuse("op id outside ggml's op table");
-    }
+    let outside_table = || Error::OpOutsideTable {
+        op: record.op,
+        table,
+        likely_client: table.likely_peer_table(record.op),
+    };
+    let op = table.op_from_wire(record.op).ok_or_else(outside_table)?;
     if op.is_custom() {
+        if table.likely_peer_table(record.op).is_some() {
+            return Err(outside_table());
+        }
         return refuse("custom ops carry client function pointers");
     }
     if op == Op::UNARY && !UnaryOp(record.op_params[0]).is_valid() {
@@ -140,7 +149,7 @@ fn check_op(record: &RpcTensor) -> Result<()> {
     if op == Op::GLU && !GluOp(record.op_params[0]).is_valid() {
         return refuse("GLU sub-op outside ggml's GLU table");
     }
-    Ok(())
+    Ok(op)
 }
 
 /// Maps every id to its position. The reference lets the first of two equal ids win; a

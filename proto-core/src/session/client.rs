@@ -6,6 +6,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::input_queue::InputQueue;
 use crate::error::{Error, Result};
+use crate::ggml::{GgmlTable, Op};
 use crate::wire::{
     Command, ConnCaps, Dialect, ProtocolVersion, Request, Response, HELLO_FLAG_TENSOR_CACHE,
     RESPONSE_HEADER_SIZE,
@@ -95,7 +96,18 @@ impl ClientSession {
         self.pending.len()
     }
 
+    /// The numbering of ggml's ops and types the server uses: that of the version it announced
+    /// (ours until its HELLO response arrives).
+    pub fn server_table(&self) -> GgmlTable {
+        self.server
+            .map_or(self.version, |hello| hello.version)
+            .ggml_table()
+    }
+
     /// Queues a request. Bulk data (SET_TENSOR) is queued as its own transmit, not copied.
+    /// GRAPH_COMPUTE tensors hold ops in the newest numbering ([`Op`]); they are sent in the
+    /// server's ([`ClientSession::server_table`]), and an op the server's table lacks fails
+    /// with [`Error::OpNotInServerTable`] before anything is queued.
     pub fn send(&mut self, request: &Request) -> Result<()> {
         if let Some(error) = &self.failed {
             return Err(error.clone());
@@ -104,6 +116,19 @@ impl ClientSession {
             return Err(Error::InvalidState(
                 "HELLO is sent once, by the session itself",
             ));
+        }
+        if let Request::GraphCompute(graph) = request {
+            let table = self.server_table();
+            let mut wire = graph.clone();
+            for tensor in &mut wire.tensors {
+                tensor.op = table
+                    .op_to_wire(Op(tensor.op))
+                    .ok_or(Error::OpNotInServerTable {
+                        op: tensor.op,
+                        table,
+                    })?;
+            }
+            return self.queue(&Request::GraphCompute(wire));
         }
         self.queue(request)
     }

@@ -6,7 +6,7 @@ use nom::number::complete::{le_i32, le_u32, le_u64};
 use nom::IResult;
 
 use crate::error::{Error, Result};
-use crate::ggml::type_info;
+use crate::ggml::{type_info, GgmlTable};
 
 /// Number of dimensions (`GGML_MAX_DIMS`).
 pub const MAX_DIMS: usize = 4;
@@ -192,10 +192,10 @@ impl RpcTensor {
         Ok(count)
     }
 
-    /// Validates what ggml's tensor constructor needs: a known type, `ne[0]` a multiple of
+    /// Validates what ggml's tensor constructor needs: a type of `table`, `ne[0]` a multiple of
     /// the block size, and an element count that fits ggml's i64.
-    pub fn validate_shape(&self) -> Result<()> {
-        let info = type_info(self.type_id).ok_or(Error::InvalidType {
+    pub fn validate_shape(&self, table: GgmlTable) -> Result<()> {
+        let info = table.type_info(self.type_id).ok_or(Error::InvalidType {
             type_id: self.type_id,
         })?;
         if !self.ne[0].is_multiple_of(info.block_size) {
@@ -283,13 +283,13 @@ mod tests {
         huge.ne = [u32::MAX; 4];
         huge.nb = [u32::MAX; 4];
         assert_eq!(
-            huge.validate_shape().unwrap_err().kind(),
+            huge.validate_shape(GgmlTable::V8_0_1).unwrap_err().kind(),
             crate::ErrorKind::SizeOverflow
         );
         let mut misaligned = RpcTensor::contiguous(1, id::Q8_0, [32, 1, 1, 1]).unwrap();
         misaligned.ne[0] = 33;
         assert_eq!(
-            misaligned.validate_shape().unwrap_err(),
+            misaligned.validate_shape(GgmlTable::V8_0_1).unwrap_err(),
             Error::BlockMisaligned {
                 ne0: 33,
                 block_size: 32
@@ -297,7 +297,7 @@ mod tests {
         );
         let bad_type = RpcTensor { type_id: 4, ..f32 };
         assert_eq!(
-            bad_type.validate_shape().unwrap_err(),
+            bad_type.validate_shape(GgmlTable::V8_0_1).unwrap_err(),
             Error::InvalidType { type_id: 4 }
         );
     }

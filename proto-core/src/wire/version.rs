@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::ggml::GgmlTable;
+
 /// A protocol version triple as sent in the HELLO response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProtocolVersion {
@@ -35,8 +37,19 @@ impl ProtocolVersion {
         minor: 0,
         patch: 0,
     };
+    /// Protocol 8.0.1 (llama.cpp b12032): 8.0.0's commands, ggml's op table with `TOP_K_MASK`.
+    pub const V8_0_1: ProtocolVersion = ProtocolVersion {
+        major: 8,
+        minor: 0,
+        patch: 1,
+    };
     /// The newest version this implementation speaks.
-    pub const LATEST: ProtocolVersion = ProtocolVersion::V8_0_0;
+    pub const LATEST: ProtocolVersion = ProtocolVersion::V8_0_1;
+
+    /// The numbering of ggml's ops and types that peers of this version use.
+    pub fn ggml_table(self) -> GgmlTable {
+        GgmlTable::of(self)
+    }
 
     /// The dialect of a supported major version, `None` otherwise.
     pub fn dialect(self) -> Option<Dialect> {
@@ -54,7 +67,7 @@ impl ProtocolVersion {
 }
 
 impl Dialect {
-    /// The version this implementation announces for the dialect.
+    /// The first version of the dialect (7.0.0, 8.0.0).
     pub fn version(self) -> ProtocolVersion {
         match self {
             Dialect::V7 => ProtocolVersion::V7_0_0,

@@ -1,8 +1,15 @@
 //! Typed sample values the vectors are built from.
 
 use proto_core::ggml::types::id as ty;
-use proto_core::ggml::{flags, GluOp, Op, UnaryOp};
+use proto_core::ggml::{flags, GgmlTable, GluOp, Op, UnaryOp};
 use proto_core::wire::{GraphComputeRequest, RpcTensor};
+
+/// The wire id of `op` in the 7.0.0/8.0.0 numbering that the v7 and v8 vectors use.
+pub fn wire_op(op: Op) -> u32 {
+    GgmlTable::V8_0_0
+        .op_to_wire(op)
+        .expect("an op that exists before 8.0.1")
+}
 
 /// A client tensor address (the reference uses the address of the client's tensor object as id).
 pub fn client_id(n: u64) -> u64 {
@@ -203,7 +210,7 @@ pub fn transformer_graph(device: u32, uid: u64) -> GraphComputeRequest {
         RAW_BASE_2 + 5120,
         "ffn_silu-0",
     );
-    act.op = Op::UNARY.0;
+    act.op = wire_op(Op::UNARY);
     act.op_params[0] = UnaryOp::SILU.0;
     act.src[0] = half.id;
     act.flags = flags::COMPUTE;
@@ -216,7 +223,7 @@ pub fn transformer_graph(device: u32, uid: u64) -> GraphComputeRequest {
         RAW_BASE_2 + 6144,
         "ffn_swiglu-0",
     );
-    glu.op = Op::GLU.0;
+    glu.op = wire_op(Op::GLU);
     glu.op_params[0] = GluOp::SWIGLU.0;
     glu.op_params[1] = 1;
     glu.src[0] = act.id;

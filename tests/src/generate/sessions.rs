@@ -14,7 +14,7 @@ use proto_core::wire::{
     Request, Response, RpcTensor, SetTensorHeader, Tensor2dHeader,
 };
 
-use super::samples::{client_id, f32_at, stored};
+use super::samples::{client_id, f32_at, stored, wire_op};
 use super::{dialect, folder, raw_frame, request_frame, spec, VERSIONS};
 use crate::fields::command_name;
 use crate::harness::MEMORY_BACKEND_ALIGNMENT;
@@ -298,7 +298,7 @@ fn mini_graph(uid: u64) -> GraphComputeRequest {
     mm.flags = flags::COMPUTE;
     mm.use_count = 1;
     let mut act = t32(4, [4, 2, 1, 1], 0, 1248);
-    act.op = Op::UNARY.0;
+    act.op = wire_op(Op::UNARY);
     act.op_params[0] = UnaryOp::SILU.0;
     act.src[0] = mm.id;
     act.flags = flags::COMPUTE;
@@ -1225,28 +1225,28 @@ fn graph_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
             "graph_op_map_custom1",
             "op 92 (MAP_CUSTOM1: op_params carry a client function pointer)",
             with(&|g| {
-                g.tensors[5].op = Op::MAP_CUSTOM1.0;
+                g.tensors[5].op = wire_op(Op::MAP_CUSTOM1);
             }),
         ),
         (
             "graph_op_map_custom2",
             "op 93 (MAP_CUSTOM2)",
             with(&|g| {
-                g.tensors[5].op = Op::MAP_CUSTOM2.0;
+                g.tensors[5].op = wire_op(Op::MAP_CUSTOM2);
             }),
         ),
         (
             "graph_op_map_custom3",
             "op 94 (MAP_CUSTOM3)",
             with(&|g| {
-                g.tensors[5].op = Op::MAP_CUSTOM3.0;
+                g.tensors[5].op = wire_op(Op::MAP_CUSTOM3);
             }),
         ),
         (
             "graph_op_custom",
             "op 95 (CUSTOM)",
             with(&|g| {
-                g.tensors[5].op = Op::CUSTOM.0;
+                g.tensors[5].op = wire_op(Op::CUSTOM);
             }),
         ),
         (
@@ -1281,7 +1281,7 @@ fn graph_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
             "graph_glu_op_7",
             "a GLU node with sub-op 7 (GGML_GLU_OP_COUNT)",
             with(&|g| {
-                g.tensors[3].op = Op::GLU.0;
+                g.tensors[3].op = wire_op(Op::GLU);
                 g.tensors[3].op_params[0] = 7;
             }),
         ),
@@ -1296,7 +1296,7 @@ fn graph_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
         ));
     }
     let glu_ok = with(&|g| {
-        g.tensors[3].op = Op::GLU.0;
+        g.tensors[3].op = wire_op(Op::GLU);
         g.tensors[3].op_params[0] = GluOp::SWIGLU_CLAMP.0;
     });
     let mut s = new(
