@@ -21,6 +21,7 @@ pub fn banner(
     let cache = cache.map_or_else(|| "n/a".to_owned(), |dir| dir.display().to_string());
     let _ = writeln!(out, "Starting RPC server v{version}");
     let _ = writeln!(out, "  endpoint       : {endpoint}");
+    let _ = writeln!(out, "  clients        : {}", served_clients(version));
     let _ = writeln!(out, "  local cache    : {cache}");
     let _ = writeln!(out, "Devices:");
     for device in devices {
@@ -34,7 +35,6 @@ pub fn banner(
         );
     }
     let _ = writeln!(out, "  transport      : TCP");
-    let _ = writeln!(out, "  clients        : {}", served_clients(version));
     out
 }
 
@@ -92,10 +92,10 @@ mod tests {
         );
         assert_eq!(
             text,
-            "Starting RPC server v8.0.0\n  endpoint       : 127.0.0.1:50052\n  local cache    : n/a\n\
-             Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n  clients        : \
+            "Starting RPC server v8.0.0\n  endpoint       : 127.0.0.1:50052\n  clients        : \
              llama.cpp of protocol 8.0.0 (b11739); 8.0.1 clients (b12032 and later) need \
-             --protocol 8.0.1\n"
+             --protocol 8.0.1\n  local cache    : n/a\n\
+             Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n"
         );
     }
 

@@ -112,7 +112,7 @@ fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
         .unwrap();
     runtime.block_on(async {
         let mut client = Client::connect_auto(("127.0.0.1", port)).await.unwrap();
-        assert_eq!(client.server_version(), ProtocolVersion::V8_0_0);
+        assert_eq!(client.server_version(), ProtocolVersion::V8_0_1);
         assert!(client.server_has_tensor_cache());
         assert_eq!(client.device_count().await.unwrap(), 1);
         assert_eq!(client.alignment(0).await.unwrap(), 32);

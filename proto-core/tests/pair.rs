@@ -537,3 +537,82 @@ fn in_place_receives_add_up_and_end_the_write() {
     let expected: Vec<u8> = (0..4u8).flat_map(|part| [part; 1024]).collect();
     assert_eq!(&data[..], &expected[..]);
 }
+
+/// A one-node graph `node = op(leaf)` over `buffer`, ops in the newest numbering.
+fn unary_graph(buffer: u64, base: u64, op: proto_core::ggml::Op) -> GraphComputeRequest {
+    let leaf = tensor_at(1, buffer, base, [4, 1, 1, 1]);
+    let mut node = tensor_at(2, buffer, base + 256, [4, 1, 1, 1]);
+    node.op = op.0;
+    node.op_params[0] = proto_core::ggml::UnaryOp::SILU.0;
+    node.src[0] = 1;
+    node.flags = proto_core::ggml::flags::COMPUTE;
+    GraphComputeRequest {
+        device: 0,
+        uid: 7,
+        node_ids: vec![2],
+        tensors: vec![leaf, node],
+    }
+}
+
+#[test]
+fn graph_ops_travel_in_the_servers_numbering() {
+    use proto_core::ggml::{GgmlTable, Op};
+    // An 8.0.1 client and an 8.0.0 server accept each other; the client sends UNARY as 91.
+    for (server, table) in [
+        (ProtocolVersion::V8_0_0, GgmlTable::V8_0_0),
+        (ProtocolVersion::V8_0_1, GgmlTable::V8_0_1),
+        (ProtocolVersion::V7_0_0, GgmlTable::V8_0_0),
+    ] {
+        let client = if server.major == 7 {
+            ProtocolVersion::V7_0_0
+        } else {
+            ProtocolVersion::V8_0_1
+        };
+        let mut pair = Pair::new(client, server, 60);
+        pair.connect();
+        assert_eq!(pair.client.server_table(), table, "server {server}");
+        let (buffer, base) = pair.alloc(1024);
+        pair.cast(Request::GraphCompute(Box::new(unary_graph(
+            buffer,
+            base,
+            Op::UNARY,
+        ))));
+        assert_eq!(pair.backend.graphs_run(), 1, "server {server}");
+        assert!(pair.server_error.is_none(), "server {server}");
+        // TOP_K_MASK does not exist before 8.0.1: refused before anything is sent.
+        let top_k_mask = unary_graph(buffer, base, Op::TOP_K_MASK);
+        let sent = pair
+            .client
+            .send(&Request::GraphCompute(Box::new(top_k_mask)));
+        match table {
+            GgmlTable::V8_0_0 => assert_eq!(
+                sent,
+                Err(Error::OpNotInServerTable {
+                    op: Op::TOP_K_MASK.0,
+                    table
+                })
+            ),
+            GgmlTable::V8_0_1 => assert_eq!(sent, Ok(())),
+        }
+    }
+}
+
+#[test]
+fn an_8_0_0_client_graph_sent_raw_to_an_8_0_1_server_is_renumbered_there() {
+    // What the server sees when a client numbers ops the old way: wire 91 is TOP_K_MASK in
+    // 8.0.1, and 101 (8.0.1's GLU) is refused by an 8.0.0 server with the likely mismatch named.
+    let mut pair = Pair::new(ProtocolVersion::V8_0_1, ProtocolVersion::V8_0_0, 61);
+    pair.connect();
+    let (buffer, base) = pair.alloc(1024);
+    let mut raw = unary_graph(buffer, base, proto_core::ggml::Op::ADD);
+    raw.tensors[1].op = 101;
+    let mut frame = bytes::BytesMut::new();
+    Request::GraphCompute(Box::new(raw))
+        .encode_head(proto_core::wire::Dialect::V8, &mut frame)
+        .unwrap();
+    pair.server.handle_input(frame.freeze());
+    let _ = pair.drive();
+    let error = pair.server_error.clone().expect("refused");
+    assert_eq!(error.kind(), ErrorKind::OpRefused);
+    assert!(error.to_string().contains("is the client 8.0.1"), "{error}");
+}

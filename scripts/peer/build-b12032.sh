@@ -43,7 +43,8 @@ seed_diff() {
     local cand
     for cand in "${GGML_RPC_PEER_SEED_003:-}" \
                 "$REPO_DIR/shared/seeds/003-restored.diff" \
-                "$REPO_DIR/../shared/seeds/003-restored.diff"; do
+                "$REPO_DIR/../shared/seeds/003-restored.diff" \
+                /work/shared/seeds/003-restored.diff; do
         if [ -n "$cand" ] && [ -f "$cand" ]; then echo "$cand"; return 0; fi
     done
     return 1
@@ -109,7 +110,7 @@ fi
 SRC="$DEST/src"
 if [ ! -f "$SRC/.extracted" ]; then
     t0=$(date +%s)
-    SEED=$(seed_diff) || peer_die "seed diff 003-restored.diff not found (looked in \$GGML_RPC_PEER_SEED_003, $REPO_DIR/shared/seeds, $REPO_DIR/../shared/seeds)"
+    SEED=$(seed_diff) || peer_die "seed diff 003-restored.diff not found (looked in \$GGML_RPC_PEER_SEED_003, $REPO_DIR/shared/seeds, $REPO_DIR/../shared/seeds, /work/shared/seeds)"
     rm -rf "$SRC" "$WORK/crate" "$WORK/extract"
     mkdir -p "$WORK/crate" "$WORK/extract"
     crate_file="$WORK/crate/$CRATE-$CRATE_VERSION.crate"
