@@ -616,3 +616,40 @@ fn an_8_0_0_client_graph_sent_raw_to_an_8_0_1_server_is_renumbered_there() {
     assert_eq!(error.kind(), ErrorKind::OpRefused);
     assert!(error.to_string().contains("is the client 8.0.1"), "{error}");
 }
+
+#[test]
+fn set_tensor_hash_checks_the_tensor_first_from_8_0_1_on() {
+    // A tensor in no buffer, on a server without a cache: 7.0.0 and 8.0.0 answer "not cached"
+    // without looking at it, 8.0.1 deserializes it first and closes (PROTOCOL.md §5.11).
+    for (version, closes) in [
+        (ProtocolVersion::V7_0_0, false),
+        (ProtocolVersion::V8_0_0, false),
+        (ProtocolVersion::V8_0_1, true),
+    ] {
+        let mut pair = Pair::new(version, version, 62);
+        pair.connect();
+        let stray = tensor_at(1, 0, 0, [4, 1, 1, 1]);
+        pair.client
+            .send(&Request::SetTensorHash {
+                tensor: Box::new(stray),
+                offset: 0,
+                hash: 5,
+            })
+            .unwrap();
+        let events = pair.drive();
+        if closes {
+            assert_eq!(
+                pair.server_error.as_ref().map(Error::kind),
+                Some(ErrorKind::MissingBuffer),
+                "{version}"
+            );
+        } else {
+            assert!(pair.server_error.is_none(), "{version}");
+            assert_eq!(
+                events.unwrap(),
+                vec![ClientEvent::Response(Response::SetTensorHash(0))],
+                "{version}"
+            );
+        }
+    }
+}

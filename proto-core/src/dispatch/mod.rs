@@ -651,6 +651,11 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
     }
 
     fn set_tensor_from_cache(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> Result<u8> {
+        // 8.0.1 checks the tensor before looking for the file (PROTOCOL.md §5.11): a bad tensor
+        // closes the connection even on a miss or without a cache, where 7.0.0 answered 0.
+        if self.config.version >= ProtocolVersion::V8_0_1 {
+            self.buffers.resolve_in_buffer(tensor)?;
+        }
         let Some(cache) = self.config.tensor_cache.clone() else {
             return Ok(0);
         };
