@@ -1,11 +1,9 @@
 //! The blocking threads: heavy backend calls and comm link work run here, never on a ring.
-//!
-//! Threads are started on demand (when no idle one is left, up to a cap) and end after a while
-//! without work, like tokio's blocking pool. Each runs with the tracing dispatcher of the thread
-//! that started the server, so logs go where the server's caller collects them.
+//! Threads start on demand (when no idle one is left, up to a cap) and end after a while
+//! without work, like tokio's blocking pool; each runs with the server's tracing dispatcher.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -67,9 +65,10 @@ impl Pool {
     }
 }
 
-fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    // A job that panicked poisons nothing we rely on: the queue is consistent between calls.
-    state
+/// Locks `mutex`: a job that panicked poisons nothing relied on (the state is consistent
+/// between calls).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,16 +1,11 @@
 //! The one module of this crate with `unsafe`: the io_uring instance, the eventfd that wakes
 //! it, and the ownership of every buffer an operation in flight points into.
 //!
-//! The rule io_uring imposes is that memory named by a submission queue entry (SQE) must stay
-//! valid, and unaliased, until the kernel posted that operation's completion (CQE). This module
-//! enforces it by construction: every operation is issued through a method that *takes
-//! ownership* of its buffers (a `BytesMut` to receive into, the `Bytes` of a transmit queue, a
-//! timespec) and parks them in an op table slot; they are handed back only with the
-//! completion. Nothing outside this module ever sees a raw pointer.
-//!
-//! At drop, operations still in flight are cancelled and their completions awaited; any whose
-//! completion does not arrive in time have their buffers leaked rather than freed, so the kernel
-//! can never write into freed memory.
+//! Memory named by a submission must stay valid and unaliased until the kernel posted the
+//! operation's completion. Every operation is issued by a method that *takes ownership* of its
+//! buffers and parks them in an op table slot until the completion hands them back. At drop,
+//! operations in flight are cancelled and awaited; the buffers of any that do not finish in
+//! time are leaked rather than freed.
 
 use std::io;
 use std::net::TcpStream;
@@ -65,25 +60,22 @@ pub(crate) enum Completion {
     Internal,
 }
 
-/// What a slot keeps alive while its operation is in flight.
+/// What a slot keeps alive while its operation is in flight (the kernel reads what the
+/// timers hold; heap allocations do not move when their owner moves into the slot).
+#[allow(dead_code)]
 enum Owned {
     Accept,
     Poll,
     Recv(BytesMut),
     Send {
         bufs: Vec<Bytes>,
-        // The kernel reads these two until completion; heap allocations do not move when the
-        // owning `Vec` / `Box` is moved into the slot.
-        _iov: Vec<libc::iovec>,
-        _msg: Box<libc::msghdr>,
+        // The kernel reads these two until completion.
+        iov: Vec<libc::iovec>,
+        msg: Box<libc::msghdr>,
     },
     Wake(Box<[u8; 8]>),
-    Timer {
-        _ts: Box<types::Timespec>,
-    },
-    Internal {
-        _ts: Option<Box<types::Timespec>>,
-    },
+    Timer(Box<types::Timespec>),
+    Internal(Option<Box<types::Timespec>>),
 }
 
 struct Slot {
@@ -266,14 +258,7 @@ impl Ring {
         msg.msg_iovlen = iov.len() as _;
         let msg_ptr: *const libc::msghdr = &*msg;
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
-        let (user_data, _) = self.slot(
-            tag,
-            Owned::Send {
-                bufs,
-                _iov: iov,
-                _msg: msg,
-            },
-        );
+        let (user_data, _) = self.slot(tag, Owned::Send { bufs, iov, msg });
         let mut entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
             .build()
@@ -288,7 +273,7 @@ impl Ring {
             unsafe { self.push(entry) };
             let ts = Box::new(types::Timespec::from(timeout));
             let ts_ptr: *const types::Timespec = &*ts;
-            let (timer_data, _) = self.slot(0, Owned::Internal { _ts: Some(ts) });
+            let (timer_data, _) = self.slot(0, Owned::Internal(Some(ts)));
             let link = opcode::LinkTimeout::new(ts_ptr)
                 .build()
                 .user_data(timer_data);
@@ -306,12 +291,7 @@ impl Ring {
     /// the socket and memory that must not be lent to the kernel across completions.
     pub(crate) fn poll(&mut self, tag: Tag, fd: RawFd, writable: bool) -> OpId {
         let (user_data, _) = self.slot(tag, Owned::Poll);
-        let mask = if writable {
-            libc::POLLOUT
-        } else {
-            libc::POLLIN
-        };
-        let entry = opcode::PollAdd::new(types::Fd(fd), mask as u32)
+        let entry = opcode::PollAdd::new(types::Fd(fd), poll_mask(writable) as u32)
             .build()
             .user_data(user_data);
         // SAFETY: no buffers.
@@ -338,7 +318,7 @@ impl Ring {
     pub(crate) fn timer(&mut self, tag: Tag, after: Duration) -> OpId {
         let ts = Box::new(types::Timespec::from(after));
         let ptr: *const types::Timespec = &*ts;
-        let (user_data, _) = self.slot(tag, Owned::Timer { _ts: ts });
+        let (user_data, _) = self.slot(tag, Owned::Timer(ts));
         let entry = opcode::Timeout::new(ptr).build().user_data(user_data);
         // SAFETY: the timespec is owned by the slot until the completion is reaped.
         unsafe { self.push(entry) };
@@ -348,7 +328,7 @@ impl Ring {
     /// Asks the kernel to cancel an operation; its completion still arrives (usually with
     /// `ECANCELED`), and only then are its buffers released.
     pub(crate) fn cancel(&mut self, op: OpId) {
-        let (user_data, _) = self.slot(0, Owned::Internal { _ts: None });
+        let (user_data, _) = self.slot(0, Owned::Internal(None));
         let entry = opcode::AsyncCancel::new(op.0).build().user_data(user_data);
         // SAFETY: no buffers.
         unsafe { self.push(entry) };
@@ -441,8 +421,8 @@ impl Ring {
                 },
                 Owned::Poll => Completion::Ready(outcome),
                 Owned::Wake(_) => Completion::Wake,
-                Owned::Timer { .. } => Completion::Timer,
-                Owned::Internal { .. } => Completion::Internal,
+                Owned::Timer(_) => Completion::Timer,
+                Owned::Internal(_) => Completion::Internal,
             };
             out.push((tag, completion));
         }
@@ -492,41 +472,19 @@ impl Drop for Ring {
 /// A non-blocking `recv` into `dst` (`WouldBlock` when nothing is there; `Ok(0)`: end of
 /// stream), for data that goes straight into memory only borrowed for this call.
 pub(crate) fn recv_now(stream: &TcpStream, dst: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `dst` is valid for writes of `dst.len()` bytes for the whole call, and the kernel
+    let (ptr, len) = (dst.as_mut_ptr().cast(), dst.len());
+    // SAFETY: `dst` is valid for writes of `len` bytes for the whole call, and the kernel
     // writes at most that many; the descriptor is open while `stream` is borrowed.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            dst.as_mut_ptr().cast(),
-            dst.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    checked(unsafe { libc::recv(stream.as_raw_fd(), ptr, len, libc::MSG_DONTWAIT) })
 }
 
 /// A non-blocking `send` of `src` (`WouldBlock` when the socket buffer is full; never
 /// `SIGPIPE`), for data sent straight from memory only borrowed for this call.
 pub(crate) fn send_now(stream: &TcpStream, src: &[u8]) -> io::Result<usize> {
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
     // SAFETY: `src` is valid for reads of `src.len()` bytes for the whole call; the descriptor
     // is open while `stream` is borrowed.
-    let n = unsafe {
-        libc::send(
-            stream.as_raw_fd(),
-            src.as_ptr().cast(),
-            src.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    checked(unsafe { libc::send(stream.as_raw_fd(), src.as_ptr().cast(), src.len(), flags) })
 }
 
 /// Waits (blocking the calling thread, for at most `timeout`) until `stream` can be read (or,
@@ -537,32 +495,35 @@ pub(crate) fn wait_ready(
     writable: bool,
     timeout: Duration,
 ) -> io::Result<bool> {
+    let fd = stream.as_raw_fd();
     let mut pollfd = libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events: if writable {
-            libc::POLLOUT
-        } else {
-            libc::POLLIN
-        },
+        fd,
+        events: poll_mask(writable),
         revents: 0,
     };
     let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid `pollfd` for the whole call; the descriptor is open while `stream` is
     // borrowed.
-    let n = unsafe { libc::poll(&mut pollfd, 1, millis) };
-    match n {
-        n if n < 0 => {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                Ok(true)
-            } else {
-                Err(error)
-            }
-        }
-        0 => Ok(false),
-        // Readiness, an error or a hang-up: the next transfer call tells which.
-        _ => Ok(true),
+    match checked(unsafe { libc::poll(&mut pollfd, 1, millis) } as isize) {
+        Ok(0) => Ok(false),
+        // Readiness, an error, a hang-up or a signal: the next transfer call tells which.
+        Ok(_) => Ok(true),
+        Err(error) if error.kind() == io::ErrorKind::Interrupted => Ok(true),
+        Err(error) => Err(error),
     }
+}
+
+fn poll_mask(writable: bool) -> libc::c_short {
+    if writable {
+        libc::POLLOUT
+    } else {
+        libc::POLLIN
+    }
+}
+
+/// A system call's result: the error in `errno` when negative.
+fn checked(n: isize) -> io::Result<usize> {
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// Whether an operation ended because it was cancelled.
