@@ -5,27 +5,17 @@
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, CommWork, Connection, Place};
 use shell_common::direct::{self, SEND_PIECE};
 use shell_common::shell::ConnectionError;
-use shell_common::{CommLinks, ConnectionConfig, Direct};
+use shell_common::{CommLinks, ConnectionConfig, Direct, SendQueue};
 
 use crate::ring::{recv_now, send_now};
 
 /// Most bytes one [`Core::direct`] sends (several pieces): the ring makes one call per
 /// connection per pass, and a pass costs a ring submission.
 const SEND_BURST: u64 = 4 << 20;
-
-/// Work that must not run on the ring thread.
-#[derive(Debug)]
-pub(crate) enum Work {
-    /// The driver's heavy work (an event, the next piece of a large reply).
-    Heavy,
-    /// Comm link work (may wait for the peer for up to the comm timeout).
-    Comm(CommWork),
-}
 
 /// Where driving stopped.
 #[derive(Debug)]
@@ -34,8 +24,11 @@ pub(crate) enum Stop {
     Idle,
     /// A reply's data goes straight from backend memory ([`Core::direct`]).
     SendInPlace,
-    /// This work must run on a blocking thread (after the outbox was sent).
-    Work(Work),
+    /// The driver's heavy work (an event, the next piece of a large reply): for a blocking
+    /// thread ([`Core::run`]), after the outbox was sent.
+    Heavy,
+    /// Comm link work (may wait for the peer up to the comm timeout): likewise.
+    Comm(CommWork),
     /// The connection must close.
     Failed(proto_core::Error),
 }
@@ -45,7 +38,7 @@ pub(crate) struct Core {
     pub conn: Connection,
     links: CommLinks,
     /// Bytes to write, in order.
-    pub outbox: Vec<Bytes>,
+    pub outbox: SendQueue,
 }
 
 impl Core {
@@ -56,7 +49,7 @@ impl Core {
         Ok(Core {
             conn: config.connect(backend, true)?,
             links: CommLinks::new(config.comm_timeout),
-            outbox: Vec::new(),
+            outbox: SendQueue::new(),
         })
     }
 
@@ -72,15 +65,13 @@ impl Core {
         let mut action = self.conn.poll(place);
         loop {
             while let Some(bytes) = self.conn.poll_transmit() {
-                if !bytes.is_empty() {
-                    self.outbox.push(bytes);
-                }
+                self.outbox.push(bytes);
             }
             match action {
                 Err(error) => return Stop::Failed(error),
                 Ok(Action::Transmit | Action::Receive(_)) => return Stop::Idle,
                 Ok(Action::SendInPlace) => return Stop::SendInPlace,
-                Ok(Action::Offload) => return Stop::Work(Work::Heavy),
+                Ok(Action::Offload) => return Stop::Heavy,
                 // Responses first: the client may be waiting for them.
                 Ok(Action::Comm(work)) if blocking && self.outbox.is_empty() => {
                     if let Err(error) = self.links.run(work, &mut self.conn) {
@@ -88,14 +79,15 @@ impl Core {
                     }
                     action = self.conn.poll(place);
                 }
-                Ok(Action::Comm(work)) => return Stop::Work(Work::Comm(work)),
+                Ok(Action::Comm(work)) => return Stop::Comm(work),
             }
         }
     }
 
-    /// Runs work returned by [`drive`](Self::drive) (on a blocking thread), then drives on.
-    pub(crate) fn run(&mut self, work: Work) -> Stop {
-        if let Work::Comm(work) = work {
+    /// Runs the heavy work [`drive`](Self::drive) stopped at (on a blocking thread), then
+    /// drives on.
+    pub(crate) fn run(&mut self, work: Stop) -> Stop {
+        if let Stop::Comm(work) = work {
             if let Err(error) = self.links.run(work, &mut self.conn) {
                 return Stop::Failed(error);
             }

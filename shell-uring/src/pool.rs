@@ -10,6 +10,8 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// How long an idle thread waits for work before it ends.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most threads.
+const MAX_THREADS: usize = 256;
 
 #[derive(Default)]
 struct State {
@@ -19,24 +21,21 @@ struct State {
     closed: bool,
 }
 
+#[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     ready: Condvar,
-    max_threads: usize,
     dispatch: tracing::Dispatch,
 }
 
-/// A pool of blocking threads (cheap to clone).
-#[derive(Clone)]
+/// A pool of blocking threads whose jobs log to `dispatch`.
 pub(crate) struct Pool(Arc<Inner>);
 
 impl Pool {
-    pub(crate) fn new(max_threads: usize, dispatch: tracing::Dispatch) -> Pool {
+    pub(crate) fn new(dispatch: tracing::Dispatch) -> Pool {
         Pool(Arc::new(Inner {
-            state: Mutex::new(State::default()),
-            ready: Condvar::new(),
-            max_threads: max_threads.max(1),
             dispatch,
+            ..Inner::default()
         }))
     }
 
@@ -44,7 +43,7 @@ impl Pool {
     pub(crate) fn execute(&self, job: impl FnOnce() + Send + 'static) {
         let mut state = lock(&self.0.state);
         state.jobs.push_back(Box::new(job));
-        if state.jobs.len() > state.idle && state.threads < self.0.max_threads {
+        if state.jobs.len() > state.idle && state.threads < MAX_THREADS {
             let inner = self.0.clone();
             let spawned = std::thread::Builder::new()
                 .name("rpc-uring-blocking".into())

@@ -1,31 +1,24 @@
 //! The io_uring server: accept loop, per-connection drivers, limits and graceful shutdown.
 //!
-//! Each ring thread owns one io_uring and serves the clients it accepted (with
-//! [`ServerConfig::rings`] > 1, each on its own duplicate of the listener). A connection has at
-//! most one socket operation in flight, except while a SET_TENSOR chunk is written to the
-//! backend on a blocking thread: the next chunk is then already being received.
+//! Each ring thread owns one io_uring and serves the clients it accepted. Per connection: drive
+//! the [`Core`], write its outbox with one `sendmsg` straight from the response `Bytes`, then
+//! receive (between messages into one reusable 64 KiB buffer). At most one socket operation
+//! is in flight, except that the next SET_TENSOR chunk is received while a blocking thread
+//! writes the last one to the backend.
 //!
-//! Per connection: drive the [`Core`], write its outbox with one `sendmsg` straight from the
-//! response `Bytes`, then receive (between messages into one reusable 64 KiB buffer). Streamed
-//! SET_TENSOR data and large GET_TENSOR replies move straight between the socket and the region
-//! the dispatcher lends for one non-blocking call (memory the kernel must not hold across
-//! completions, so no ring op points into it). These direct transfers are optimistic: the
-//! connection is queued in the loop's ready queue and tried again on the next pass (one call
-//! per connection per pass, so a large transfer does not starve the others; the loop does not
-//! wait while the queue has entries); only a socket found empty (full) gets a `POLL_ADD`.
+//! Streamed SET_TENSOR data and large replies move straight between the socket and backend
+//! memory lent for one non-blocking call (the kernel must not hold it across completions). A
+//! direct transfer is tried once per pass of the loop (so none starves the others) and polled
+//! for only when the socket was empty (full). One large transfer at a time runs on the ring;
+//! further ones on blocking threads, at most [`ServerConfig::direct_threads`]: more copying
+//! threads than cores only add context switches (sixteen clients on two cores, a thread per
+//! transfer: 10 % less than the tokio shell). A socket stalled there for 100 ms is handed back
+//! to the ring's poll, so a stalled client holds no thread.
 //!
-//! One large direct transfer (4 MiB or more to go) at a time runs on the ring thread; further
-//! ones run on blocking threads, at most [`ServerConfig::direct_threads`] at once, the rest take
-//! turns on the ring. More copying threads than cores only add context switches (sixteen
-//! clients on two cores, a thread per transfer: 10 % less than the tokio shell). A transfer
-//! there whose socket stalls for 100 ms comes back and the ring polls, so a stalled client
-//! holds no thread. Where the dispatcher declines, streamed data is received into buffers of
-//! `min(remaining, chunk)` bytes with `MSG_WAITALL` and replies go through the outbox.
-//!
-//! Heavy events and comm work go to a blocking thread with the whole `Core`, which comes back
-//! through the ring's mailbox (an eventfd the ring always has a read posted on). Freeing a
-//! client that held [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) or more is heavy too
-//! (unmapping a GiB takes about 100 ms); `join` waits for those frees.
+//! Heavy work goes to a blocking thread with the whole `Core`, which comes back through the
+//! ring's mailbox (an eventfd the ring always has a read posted on). Freeing a client that held
+//! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) is heavy too (unmapping a GiB takes
+//! about 100 ms); `join` waits for those frees.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -37,19 +30,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use proto_core::backend::Backend;
 use proto_core::session::MAX_DATA_CHUNK;
 use proto_core::wire::ProtocolVersion;
-pub use shell_common::config::{
-    DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
-};
 use shell_common::shell::{
     self, ClientSlot, ClientSlots, Closed, ConnectionError, FINAL_FLUSH_TIMEOUT, READ_SIZE,
 };
-use shell_common::{ConnectionConfig, Direct};
+use shell_common::{ConnectionConfig, Direct, SendQueue};
 
-use crate::core::{Core, Stop, Work};
+use crate::core::{Core, Stop};
 use crate::pool::{lock, Pool};
 use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
 
@@ -67,8 +57,6 @@ const DIRECT_OFFLOAD_BYTES: u64 = 4 << 20;
 /// How long a direct transfer on a blocking thread waits for a stalled socket before handing
 /// the wait back to the ring.
 const DIRECT_STALL: Duration = Duration::from_millis(100);
-/// Most blocking threads.
-const MAX_BLOCKING_THREADS: usize = 256;
 
 const TAG_ACCEPT: Tag = 0;
 const TAG_WAKE: Tag = 1;
@@ -132,6 +120,14 @@ enum DirectEnd {
     End(Ending),
 }
 
+/// What a blocking thread does with a connection's core.
+enum Job {
+    /// [`Stop::Heavy`] or [`Stop::Comm`].
+    Work(Stop),
+    /// The direct transfer in progress (a reply's with `true`), with a share of the socket.
+    Direct(Arc<TcpStream>, bool),
+}
+
 /// Where blocking threads return cores to a ring.
 struct Mailbox {
     returned: Mutex<Vec<Returned>>,
@@ -139,6 +135,11 @@ struct Mailbox {
 }
 
 impl Mailbox {
+    fn new(eventfd: EventFd) -> Mailbox {
+        let returned = Mutex::default();
+        Mailbox { returned, eventfd }
+    }
+
     fn deliver(&self, returned: Returned) {
         lock(&self.returned).push(returned);
         self.eventfd.wake();
@@ -149,9 +150,8 @@ struct Shared {
     backend: Arc<dyn Backend>,
     connection: ConnectionConfig,
     slots: ClientSlots,
-    shutdown_grace: Duration,
-    stream_chunk: usize,
-    direct_threads: usize,
+    /// With `stream_chunk` and `direct_threads` in bounds.
+    config: ServerConfig,
     stop: AtomicBool,
     announced: AtomicBool,
     mailboxes: Vec<Arc<Mailbox>>,
@@ -199,37 +199,32 @@ impl Server {
     pub fn start(
         listener: TcpListener,
         backend: Arc<dyn Backend>,
-        config: ServerConfig,
+        mut config: ServerConfig,
     ) -> io::Result<Server> {
         let connection = config.base.connection_config()?;
         let local_addr = listener.local_addr()?;
         let rings = config.rings.max(1);
+        config.stream_chunk = config.stream_chunk.clamp(1, MAX_DATA_CHUNK);
+        config.direct_threads = config.direct_threads.max(1);
         let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        let mut mailboxes = Vec::with_capacity(rings);
-        for _ in 0..rings {
-            mailboxes.push(Arc::new(Mailbox {
-                returned: Mutex::new(Vec::new()),
-                eventfd: EventFd::new()?,
-            }));
-        }
+        let mailboxes = (0..rings)
+            .map(|_| Ok(Arc::new(Mailbox::new(EventFd::new()?))))
+            .collect::<io::Result<_>>()?;
         let (freeing, freed) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared {
             backend,
             connection,
             slots: ClientSlots::new(config.base.max_clients),
-            shutdown_grace: config.base.shutdown_grace,
-            stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
-            direct_threads: config.direct_threads.max(1),
+            config,
             stop: AtomicBool::new(false),
             announced: AtomicBool::new(false),
             mailboxes,
-            pool: Pool::new(MAX_BLOCKING_THREADS, dispatch.clone()),
+            pool: Pool::new(dispatch.clone()),
             freeing: Mutex::new(Some(freeing)),
         });
-        let mut listeners = Vec::with_capacity(rings);
-        for _ in 1..rings {
-            listeners.push(listener.try_clone()?);
-        }
+        let mut listeners = (1..rings)
+            .map(|_| listener.try_clone())
+            .collect::<io::Result<Vec<_>>>()?;
         listeners.push(listener);
         let mut server = Server {
             stopper: Stopper(shared.clone()),
@@ -246,9 +241,7 @@ impl Server {
                 .spawn(move || {
                     let _dispatch = tracing::dispatcher::set_default(&dispatch);
                     match Ring::new(RING_ENTRIES) {
-                        Err(error) => {
-                            let _ = ready_tx.send(Err(error));
-                        }
+                        Err(error) => drop(ready_tx.send(Err(error))),
                         Ok(ring) => {
                             let _ = ready_tx.send(Ok(()));
                             Loop::new(ring, shared, index, listener).run();
@@ -324,7 +317,7 @@ enum OpKind {
 
 enum AfterSend {
     Continue,
-    Offload(Work),
+    Offload(Stop),
     Close(Ending),
 }
 
@@ -359,8 +352,10 @@ struct Conn {
 
 impl Conn {
     /// Receives the next `min(remaining, chunk)` bytes of streamed data into a buffer.
-    fn recv_stream(&mut self, ring: &mut Ring, tag: Tag, remaining: u64, chunk: usize) {
-        let want = usize::try_from(remaining).unwrap_or(usize::MAX).min(chunk);
+    fn recv_stream(&mut self, ring: &mut Ring, tag: Tag, remaining: u64, config: &ServerConfig) {
+        let want = usize::try_from(remaining)
+            .unwrap_or(usize::MAX)
+            .min(config.stream_chunk);
         let buf = stream_buffer(&mut self.held, want);
         let op = ring.recv(tag, self.stream.as_raw_fd(), buf, want, true);
         self.op = Some((op, OpKind::Stream));
@@ -448,8 +443,8 @@ impl Loop {
             Completion::Wake => self.on_wake(),
             Completion::Timer if tag == TAG_GRACE => self.on_grace(),
             Completion::Timer => self.post_accept(),
-            Completion::Recv { buf, result } => self.on_recv(tag, buf, result),
-            Completion::Send { bufs, result } => self.on_send(tag, bufs, result),
+            Completion::Recv(buf, result) => self.on_recv(tag, buf, result),
+            Completion::Send(bufs, result) => self.on_send(tag, bufs, result),
             Completion::Ready(result) => self.on_ready(tag, result),
         }
     }
@@ -492,14 +487,8 @@ impl Loop {
             shell::accepted(&stream);
             Core::new(self.shared.backend.clone(), &self.shared.connection)
         };
-        let (core, error) = match core {
-            Ok(core) => (Some(Box::new(core)), None),
-            Err(error) => (None, Some(error)),
-        };
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        let conn = Conn {
-            core,
+        let mut conn = Conn {
+            core: None,
             stream: Arc::new(stream),
             _slot: slot,
             span,
@@ -514,11 +503,14 @@ impl Loop {
             stalled: false,
             ring_direct: false,
         };
-        self.conns.insert(tag, conn);
-        match error {
-            None => self.advance(tag, None),
-            Some(error) => self.finish(tag, Err(error.into())),
+        match core {
+            Ok(core) => conn.core = Some(Box::new(core)),
+            Err(error) => return conn.close(Err(error.into())),
         }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.conns.insert(tag, conn);
+        self.advance(tag, None);
     }
 
     fn on_wake(&mut self) {
@@ -547,7 +539,8 @@ impl Loop {
             }
         }
         if !self.conns.is_empty() {
-            self.ring.timer(TAG_GRACE, self.shared.shutdown_grace);
+            self.ring
+                .timer(TAG_GRACE, self.shared.config.base.shutdown_grace);
         }
     }
 
@@ -572,19 +565,14 @@ impl Loop {
     }
 
     fn on_returned(&mut self, returned: Returned) {
-        let Returned {
-            tag,
-            core,
-            stop,
-            direct,
-        } = returned;
+        let (tag, stop, direct) = (returned.tag, returned.stop, returned.direct);
         if direct.is_some() {
             self.offloaded_direct -= 1;
         }
         let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
-        conn.core = Some(core);
+        conn.core = Some(returned.core);
         if conn.ending.is_none() && matches!(stop, Stop::Idle) {
             match direct {
                 None | Some(DirectEnd::Done) => {}
@@ -593,12 +581,10 @@ impl Loop {
                 Some(DirectEnd::End(ending)) => return self.finish(tag, ending),
             }
         }
-        if conn.ending.is_some() {
-            if conn.op.is_none() {
-                if let Some(ending) = conn.ending.take() {
-                    self.finish(tag, ending);
-                }
-            }
+        let idle = conn.op.is_none();
+        if let Some(ending) = conn.ending.take_if(|_| idle) {
+            return self.finish(tag, ending);
+        } else if conn.ending.is_some() {
             return;
         }
         match stop {
@@ -619,7 +605,7 @@ impl Loop {
             if !matches!(stop, Stop::Idle) {
                 return self.fail(tag, returned_while_streaming());
             }
-            return self.stream_received(tag, buf, result);
+            return self.received(tag, buf, result, true);
         }
         self.advance(tag, not_idle(stop));
     }
@@ -647,10 +633,10 @@ impl Loop {
             Stop::Failed(error) => return self.fail(tag, error),
             // The head first, then the data straight from backend memory.
             Stop::SendInPlace if outbox_empty => return self.start_direct(tag, true, reply),
-            Stop::Work(work) if outbox_empty => return self.offload(tag, work),
-            // Responses first: the client may be waiting for them.
-            Stop::Work(work) => return self.send_outbox(tag, AfterSend::Offload(work), None),
             Stop::SendInPlace | Stop::Idle => {}
+            // Responses first: the client may be waiting for them.
+            work if !outbox_empty => return self.send_outbox(tag, AfterSend::Offload(work), None),
+            work => return self.offload(tag, Job::Work(work)),
         }
         if !outbox_empty {
             return self.send_outbox(tag, AfterSend::Continue, None);
@@ -661,7 +647,7 @@ impl Loop {
             if core.conn.in_place_capacity() > 0 && !conn.buffered_stream {
                 return self.start_direct(tag, false, remaining);
             }
-            return conn.recv_stream(&mut self.ring, tag, remaining, self.shared.stream_chunk);
+            return conn.recv_stream(&mut self.ring, tag, remaining, &self.shared.config);
         }
         conn.held.clear();
         conn.buffered_stream = false;
@@ -684,8 +670,9 @@ impl Loop {
             return self.poll_ready(tag, writable);
         }
         if left >= DIRECT_OFFLOAD_BYTES {
-            if self.ring_direct > 0 && self.offloaded_direct < self.shared.direct_threads {
-                return self.offload_direct(tag, writable);
+            if self.ring_direct > 0 && self.offloaded_direct < self.shared.config.direct_threads {
+                let stream = conn.stream.clone();
+                return self.offload(tag, Job::Direct(stream, writable));
             }
             conn.ring_direct = true;
             self.ring_direct += 1;
@@ -702,54 +689,40 @@ impl Loop {
         }
     }
 
-    /// Hands the core and `work` to a blocking thread. While a data chunk is written to the
+    /// Hands the core to a blocking thread for `job`. While a data chunk is written to the
     /// backend there, the next chunk is already being received here.
-    fn offload(&mut self, tag: Tag, work: Work) {
+    fn offload(&mut self, tag: Tag, job: Job) {
         let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let Some(mut core) = conn.core.take() else {
             return;
         };
-        // During a streamed write the heavy work is a data chunk.
         let remaining = core.conn.stream_remaining();
-        if matches!(work, Work::Heavy) && remaining > 0 && conn.op.is_none() {
-            conn.recv_stream(&mut self.ring, tag, remaining, self.shared.stream_chunk);
+        match &job {
+            // During a streamed write the heavy work is a data chunk.
+            Job::Work(Stop::Heavy) if remaining > 0 && conn.op.is_none() => {
+                conn.recv_stream(&mut self.ring, tag, remaining, &self.shared.config)
+            }
+            Job::Direct(..) => self.offloaded_direct += 1,
+            Job::Work(_) => {}
         }
-        let mailbox = self.mailbox.clone();
-        let span = conn.span.clone();
+        let (mailbox, span) = (self.mailbox.clone(), conn.span.clone());
         self.shared.pool.execute(move || {
-            let stop = span.in_scope(|| core.run(work));
-            mailbox.deliver(Returned {
-                tag,
-                core,
-                stop,
-                direct: None,
+            let (stop, direct) = span.in_scope(|| match job {
+                Job::Work(work) => (core.run(work), None),
+                // The socket's share is dropped here: the ring alone owns it again before it
+                // sees the core.
+                Job::Direct(stream, writable) => {
+                    let (stop, end) = direct_blocking(&mut core, &stream, writable);
+                    (stop, Some(end))
+                }
             });
-        });
-    }
-
-    /// Runs the direct transfer in progress on a blocking thread with the core.
-    fn offload_direct(&mut self, tag: Tag, writable: bool) {
-        let Some(conn) = self.conns.get_mut(&tag) else {
-            return;
-        };
-        let Some(mut core) = conn.core.take() else {
-            return;
-        };
-        let stream = conn.stream.clone();
-        let mailbox = self.mailbox.clone();
-        let span = conn.span.clone();
-        self.offloaded_direct += 1;
-        self.shared.pool.execute(move || {
-            let (stop, end) = span.in_scope(|| direct_blocking(&mut core, &stream, writable));
-            // The ring alone owns the socket again before it sees the core.
-            drop(stream);
             mailbox.deliver(Returned {
                 tag,
                 core,
                 stop,
-                direct: Some(end),
+                direct,
             });
         });
     }
@@ -767,32 +740,18 @@ impl Loop {
         conn.op = Some((op, OpKind::Send));
     }
 
-    fn on_send(&mut self, tag: Tag, mut bufs: Vec<Bytes>, result: io::Result<usize>) {
+    fn on_send(&mut self, tag: Tag, mut bufs: SendQueue, result: io::Result<usize>) {
         let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         conn.op = None;
         let home = conn.core.is_some();
-        if let Some(ending) = conn.ending.take() {
-            if home {
-                return self.finish(tag, ending);
-            }
-            conn.ending = Some(ending);
+        if let Some(ending) = conn.ending.take_if(|_| home) {
+            return self.finish(tag, ending);
+        } else if conn.ending.is_some() {
             return;
         }
-        let result = result.and_then(|mut sent| {
-            if sent == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero));
-            }
-            for buf in &mut bufs {
-                let step = sent.min(buf.len());
-                buf.advance(step);
-                sent -= step;
-            }
-            bufs.retain(|buf| !buf.is_empty());
-            Ok(())
-        });
-        if let Err(error) = result {
+        if let Err(error) = result.and_then(|sent| bufs.written(sent)) {
             return match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
                 AfterSend::Close(ending) => self.finish(tag, ending),
                 _ if home => self.finish(tag, Err(ConnectionError::Io(error))),
@@ -815,7 +774,7 @@ impl Loop {
         let parked = conn.parked.take().and_then(not_idle);
         match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
             AfterSend::Continue => self.advance(tag, parked),
-            AfterSend::Offload(work) => self.offload(tag, work),
+            AfterSend::Offload(work) => self.offload(tag, Job::Work(work)),
             AfterSend::Close(ending) => self.finish(tag, ending),
         }
     }
@@ -836,10 +795,7 @@ impl Loop {
             // Only an idle core comes back while the next data chunk is received.
             return self.fail(tag, returned_while_streaming());
         }
-        match kind {
-            Some(OpKind::Stream) => self.stream_received(tag, buf, result),
-            _ => self.idle_received(tag, buf, result),
-        }
+        self.received(tag, buf, result, kind == Some(OpKind::Stream));
     }
 
     /// A socket polled for a direct transfer is ready.
@@ -888,7 +844,8 @@ impl Loop {
         }
     }
 
-    fn idle_received(&mut self, tag: Tag, mut buf: BytesMut, result: io::Result<usize>) {
+    /// A receive into `buf` completed: between messages, or of streamed data (`streamed`).
+    fn received(&mut self, tag: Tag, mut buf: BytesMut, result: io::Result<usize>, streamed: bool) {
         let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
@@ -900,32 +857,7 @@ impl Loop {
                 let ending = shell::end_of_input(&mut core.conn);
                 self.finish(tag, ending);
             }
-            Ok(_) => {
-                let data = buf.split().freeze();
-                conn.read_buf = buf;
-                core.conn.handle_input(data);
-                self.advance(tag, None);
-            }
-            Err(error) if ring::cancelled(&error) && self.stopping => {
-                self.finish(tag, Ok(Closed::Shutdown))
-            }
-            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
-        }
-    }
-
-    fn stream_received(&mut self, tag: Tag, buf: BytesMut, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(&tag) else {
-            return;
-        };
-        let Some(core) = conn.core.as_mut() else {
-            return;
-        };
-        match result {
-            Ok(0) => {
-                let ending = shell::end_of_input(&mut core.conn);
-                self.finish(tag, ending);
-            }
-            Ok(_) => {
+            Ok(_) if streamed => {
                 // A short receive is handed over as it is; the next receive asks for the rest.
                 let data = buf.freeze();
                 if conn.held.len() >= HELD_CHUNKS {
@@ -934,6 +866,15 @@ impl Loop {
                 conn.held.push(data.clone());
                 core.conn.handle_input(data);
                 self.advance(tag, None);
+            }
+            Ok(_) => {
+                let data = buf.split().freeze();
+                conn.read_buf = buf;
+                core.conn.handle_input(data);
+                self.advance(tag, None);
+            }
+            Err(error) if !streamed && ring::cancelled(&error) && self.stopping => {
+                self.finish(tag, Ok(Closed::Shutdown))
             }
             Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
         }
