@@ -10,18 +10,14 @@
 //!
 //! All `unsafe` code is in the private module `ring`. On other operating systems the crate is
 //! empty.
+#![cfg(target_os = "linux")]
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-#[cfg(target_os = "linux")]
 mod core;
-#[cfg(target_os = "linux")]
 mod pool;
-#[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod ring;
-#[cfg(target_os = "linux")]
 mod server;
 
-#[cfg(target_os = "linux")]
 pub use server::{probe, Server, ServerConfig, Stopper, DEFAULT_STREAM_CHUNK};

@@ -520,15 +520,10 @@ impl EventFd {
 /// (a signal, a wait that timed out, a completion queue or kernel momentarily busy) as success:
 /// the loop just collects what completions there are and goes round again.
 fn entered<T>(result: io::Result<T>) -> io::Result<()> {
-    match result {
-        Err(error)
-            if matches!(
-                error.raw_os_error(),
-                Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN)
-            ) =>
-        {
-            Ok(())
-        }
-        other => other.map(drop),
-    }
+    result
+        .map(drop)
+        .or_else(|error| match error.raw_os_error() {
+            Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN) => Ok(()),
+            _ => Err(error),
+        })
 }

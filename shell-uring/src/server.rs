@@ -276,10 +276,9 @@ impl Server {
         self.stopper.stop();
     }
 
-    /// Waits until every ring thread has ended: after a [`stop`](Self::stop), once every
-    /// connection closed or the grace period ran out. Every buffer the clients held is freed by
-    /// then (except those of commands still running on a blocking thread after the grace
-    /// period, which are freed when the command ends).
+    /// Waits until every ring thread has ended (after a [`stop`](Self::stop): once every
+    /// connection closed or the grace period ran out) and every client's buffers are freed, but
+    /// those of a command still running after the grace period (freed when it ends).
     pub fn join(mut self) {
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
@@ -365,8 +364,7 @@ impl Conn {
     fn close(self, ending: Ending) {
         let span = self.span.clone();
         drop(self);
-        let _entered = span.enter();
-        shell::log_end(&ending);
+        span.in_scope(|| shell::log_end(&ending));
     }
 }
 
@@ -551,9 +549,8 @@ impl Loop {
         }
     }
 
-    /// Drops every connection without further ado: operations in flight are cancelled,
-    /// direct transfers on blocking threads stop at once, a core on a blocking thread is
-    /// dropped when it comes back.
+    /// Drops every connection: operations in flight are cancelled, direct transfers on blocking
+    /// threads stop at once, a core away is dropped when it comes back.
     fn drop_all(&mut self) {
         for (_, conn) in self.conns.drain() {
             if let Some((op, _)) = conn.op {
@@ -589,8 +586,7 @@ impl Loop {
         }
         match stop {
             Stop::Failed(error) => self.fail(tag, error),
-            // The operation in flight (the previous reply piece being sent, the next data chunk
-            // being received) continues the connection when it completes.
+            // The operation in flight (a reply piece, the next data chunk) continues it.
             stop if conn.op.is_some() => conn.parked = Some(stop),
             stop => self.resume(tag, stop),
         }
@@ -621,13 +617,7 @@ impl Loop {
         let Some(core) = conn.core.as_mut() else {
             return;
         };
-        let stop = match first {
-            Some(stop) => stop,
-            None => {
-                let _entered = conn.span.enter();
-                core.drive(false)
-            }
-        };
+        let stop = first.unwrap_or_else(|| conn.span.in_scope(|| core.drive(false)));
         let (outbox_empty, reply) = (core.outbox.is_empty(), core.conn.reply_remaining());
         match stop {
             Stop::Failed(error) => return self.fail(tag, error),
@@ -895,8 +885,7 @@ impl Loop {
             .as_ref()
             .is_some_and(|core| !core.outbox.is_empty())
         {
-            let timeout = Some(FINAL_FLUSH_TIMEOUT);
-            self.send_outbox(tag, AfterSend::Close(ending), timeout);
+            self.send_outbox(tag, AfterSend::Close(ending), Some(FINAL_FLUSH_TIMEOUT));
         } else {
             self.finish(tag, ending);
         }
