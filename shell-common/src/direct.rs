@@ -1,12 +1,17 @@
 //! The shells' zero-copy tensor data path: what a non-blocking socket call made where the
 //! dispatcher lends backend memory (`Dispatcher::receive_in_place` / `send_in_place`) comes to.
 //!
-//! A shell waits until its socket is ready, then lends the call a closure that runs one
-//! non-blocking `recv` / `send` on the lent region and [`record`]s its result; [`received`] /
-//! [`sent`] then say whether data moved, the peer closed, the dispatcher declined (take the
-//! buffered path) or the socket had nothing after all (wait and retry).
+//! A shell waits until its socket is ready, then calls [`receive_once`] / [`send_once`] with
+//! one non-blocking `recv` / `send`, which runs on the lent region; the answer says whether
+//! data moved, the peer closed, the dispatcher declined (take the buffered path) or the socket
+//! had nothing after all (wait and retry).
 
 use std::io;
+
+use proto_core::backend::Backend;
+use proto_core::driver::Connection;
+
+use crate::shell::ConnectionError;
 
 /// Most bytes one direct `send` offers the socket. A reply sent in pieces this large beat one
 /// `send` of all that the socket buffer takes by 15-20 % on loopback (256 MiB GET_TENSOR, tokio
@@ -72,6 +77,28 @@ pub fn sent(lent: Option<usize>, outcome: Option<io::Result<usize>>) -> io::Resu
         (Some(_), Some(Err(error))) => Err(error),
         (Some(_), _) => Ok(Some(Direct::Moved)),
     }
+}
+
+/// One non-blocking `recv` straight into the memory `conn` lends for the streamed write:
+/// [`received`]'s answer (`Ok(None)`: nothing was there; wait until readable and retry).
+pub fn receive_once<B: Backend + ?Sized>(
+    conn: &mut Connection<B>,
+    mut recv: impl FnMut(&mut [u8]) -> io::Result<usize>,
+) -> Result<Option<Direct>, ConnectionError> {
+    let mut outcome = None;
+    let lent = conn.receive_in_place(&mut |dst| record(recv(dst), &mut outcome))?;
+    Ok(received(lent, outcome)?)
+}
+
+/// One non-blocking `send` of at most [`SEND_PIECE`] bytes of the reply in progress straight
+/// from the memory `conn` lends: [`sent`]'s answer (`Ok(None)`: the socket took nothing).
+pub fn send_once<B: Backend + ?Sized>(
+    conn: &mut Connection<B>,
+    mut send: impl FnMut(&[u8]) -> io::Result<usize>,
+) -> Result<Option<Direct>, ConnectionError> {
+    let mut outcome = None;
+    let lent = conn.send_in_place(&mut |src| record(send(send_piece(src)), &mut outcome))?;
+    Ok(sent(lent, outcome)?)
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 //! * [`comm_link`]: [`CommLinks`], the server-to-server link every shell runs (blocking
 //!   `std::net`, off the event loop).
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
-//! * [`direct`]: what a non-blocking socket call on lent backend memory came to (the
-//!   zero-copy tensor data path).
+//! * [`direct`]: one non-blocking socket call on lent backend memory and what it came to
+//!   (the zero-copy tensor data path).
 //! * [`low_water`]: [`LowWater`], the receive low-water mark while a bulk payload streams in
 //!   (its one system call is the crate's only `unsafe`).
 //! * [`shell`]: what every shell's connection loop shares: [`shell::Closed`],

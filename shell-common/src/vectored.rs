@@ -58,6 +58,12 @@ impl SendQueue {
         self.buffers.is_empty()
     }
 
+    /// The buffers still to write (the front one advanced past what was written), in order:
+    /// for a write that sets its own limits, such as an io_uring `SENDMSG` with `MSG_WAITALL`.
+    pub fn buffers(&self) -> impl ExactSizeIterator<Item = &Bytes> {
+        self.buffers.iter()
+    }
+
     /// The bytes still to write.
     pub fn remaining(&self) -> usize {
         self.buffers.iter().map(Bytes::len).sum()

@@ -25,7 +25,7 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, Connection, Place, Receive};
 
-use shell_common::direct::{self, record};
+use shell_common::direct;
 use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
 use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
 use shell_common::{CommLinks, Direct};
@@ -235,10 +235,7 @@ async fn receive_direct(
 ) -> Result<Direct, ConnectionError> {
     loop {
         stream.readable().await?;
-        let mut outcome = None;
-        let lent =
-            conn.receive_in_place(&mut |dst| record(stream.get_ref().read(dst), &mut outcome))?;
-        if let Some(direct) = direct::received(lent, outcome)? {
+        if let Some(direct) = direct::receive_once(conn, |dst| stream.get_ref().read(dst))? {
             return Ok(direct);
         }
     }
@@ -257,14 +254,7 @@ async fn send_direct(
     conn: &mut Connection,
 ) -> Result<(), ConnectionError> {
     while conn.reply_remaining() > 0 {
-        let mut outcome = None;
-        let lent = conn.send_in_place(&mut |src| {
-            record(
-                stream.get_ref().write(direct::send_piece(src)),
-                &mut outcome,
-            )
-        })?;
-        match direct::sent(lent, outcome)? {
+        match direct::send_once(conn, |src| stream.get_ref().write(src))? {
             Some(Direct::Declined) => return Ok(()),
             Some(_) => {}
             None => stream.writable().await?,

@@ -37,7 +37,7 @@ use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
-use shell_common::direct::{self, record};
+use shell_common::direct;
 use shell_common::{CommLinks, Direct};
 
 use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
@@ -82,9 +82,7 @@ async fn receive_direct(
 ) -> Result<Direct, ConnectionError> {
     loop {
         socket.readable().await?;
-        let mut outcome = None;
-        let lent = conn.receive_in_place(&mut |dst| record(socket.try_read(dst), &mut outcome))?;
-        if let Some(direct) = direct::received(lent, outcome)? {
+        if let Some(direct) = direct::receive_once(conn, |dst| socket.try_read(dst))? {
             return Ok(direct);
         }
     }
@@ -96,11 +94,7 @@ async fn receive_direct(
 async fn send_direct(socket: &TcpStream, conn: &mut Connection) -> Result<(), ConnectionError> {
     while conn.reply_remaining() > 0 {
         socket.writable().await?;
-        let mut outcome = None;
-        let lent = conn.send_in_place(&mut |src| {
-            record(socket.try_write(direct::send_piece(src)), &mut outcome)
-        })?;
-        if let Some(Direct::Declined) = direct::sent(lent, outcome)? {
+        if let Some(Direct::Declined) = direct::send_once(conn, |src| socket.try_write(src))? {
             return Ok(());
         }
     }

@@ -1,17 +1,17 @@
 //! The blocking threads: heavy backend calls and comm link work run here, never on a ring.
-//!
-//! Threads are started on demand (when no idle one is left, up to a cap) and end after a while
-//! without work, like tokio's blocking pool. Each runs with the tracing dispatcher of the thread
-//! that started the server, so logs go where the server's caller collects them.
+//! Threads start on demand (when no idle one is left, up to a cap) and end after a while
+//! without work, like tokio's blocking pool; each runs with the server's tracing dispatcher.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 type Job = Box<dyn FnOnce() + Send>;
 
 /// How long an idle thread waits for work before it ends.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most threads.
+const MAX_THREADS: usize = 256;
 
 #[derive(Default)]
 struct State {
@@ -21,24 +21,21 @@ struct State {
     closed: bool,
 }
 
+#[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     ready: Condvar,
-    max_threads: usize,
     dispatch: tracing::Dispatch,
 }
 
-/// A pool of blocking threads (cheap to clone).
-#[derive(Clone)]
+/// A pool of blocking threads whose jobs log to `dispatch`.
 pub(crate) struct Pool(Arc<Inner>);
 
 impl Pool {
-    pub(crate) fn new(max_threads: usize, dispatch: tracing::Dispatch) -> Pool {
+    pub(crate) fn new(dispatch: tracing::Dispatch) -> Pool {
         Pool(Arc::new(Inner {
-            state: Mutex::new(State::default()),
-            ready: Condvar::new(),
-            max_threads: max_threads.max(1),
             dispatch,
+            ..Inner::default()
         }))
     }
 
@@ -46,7 +43,7 @@ impl Pool {
     pub(crate) fn execute(&self, job: impl FnOnce() + Send + 'static) {
         let mut state = lock(&self.0.state);
         state.jobs.push_back(Box::new(job));
-        if state.jobs.len() > state.idle && state.threads < self.0.max_threads {
+        if state.jobs.len() > state.idle && state.threads < MAX_THREADS {
             let inner = self.0.clone();
             let spawned = std::thread::Builder::new()
                 .name("rpc-uring-blocking".into())
@@ -67,9 +64,10 @@ impl Pool {
     }
 }
 
-fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    // A job that panicked poisons nothing we rely on: the queue is consistent between calls.
-    state
+/// Locks `mutex`: a job that panicked poisons nothing relied on (the state is consistent
+/// between calls).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

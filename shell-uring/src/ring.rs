@@ -1,24 +1,20 @@
 //! The one module of this crate with `unsafe`: the io_uring instance, the eventfd that wakes
 //! it, and the ownership of every buffer an operation in flight points into.
 //!
-//! The rule io_uring imposes is that memory named by a submission queue entry (SQE) must stay
-//! valid, and unaliased, until the kernel posted that operation's completion (CQE). This module
-//! enforces it by construction: every operation is issued through a method that *takes
-//! ownership* of its buffers (a `BytesMut` to receive into, the `Bytes` of a transmit queue, a
-//! timespec) and parks them in an op table slot; they are handed back only with the
-//! completion. Nothing outside this module ever sees a raw pointer.
-//!
-//! At drop, operations still in flight are cancelled and their completions awaited; any whose
-//! completion does not arrive in time have their buffers leaked rather than freed, so the kernel
-//! can never write into freed memory.
+//! Memory named by a submission must stay valid and unaliased until the kernel posted the
+//! operation's completion. Every operation is issued by a method that *takes ownership* of its
+//! buffers and parks them in an op table slot until the completion hands them back. At drop,
+//! operations in flight are cancelled and awaited; the buffers of any that do not finish in
+//! time are leaked rather than freed.
 
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use shell_common::SendQueue;
 
 /// Caller-chosen identity of an operation, returned with its completion.
 pub(crate) type Tag = u64;
@@ -45,16 +41,10 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) enum Completion {
     /// An accepted connection, or why accepting failed.
     Accept(io::Result<TcpStream>),
-    /// A receive: `buf` grew by the bytes received (`Ok(0)`: end of stream).
-    Recv {
-        buf: BytesMut,
-        result: io::Result<usize>,
-    },
+    /// A receive: the buffer grew by the bytes received (`Ok(0)`: end of stream).
+    Recv(BytesMut, io::Result<usize>),
     /// A send of a queue of buffers: `Ok(n)` bytes of them were sent (from the front).
-    Send {
-        bufs: Vec<Bytes>,
-        result: io::Result<usize>,
-    },
+    Send(SendQueue, io::Result<usize>),
     /// A socket became ready ([`Ring::poll`]); `Ok` holds the poll events.
     Ready(io::Result<usize>),
     /// The eventfd was signalled.
@@ -65,25 +55,22 @@ pub(crate) enum Completion {
     Internal,
 }
 
-/// What a slot keeps alive while its operation is in flight.
+/// What a slot keeps alive while its operation is in flight (the kernel reads what the
+/// timers hold; heap allocations do not move when their owner moves into the slot).
+#[allow(dead_code)]
 enum Owned {
     Accept,
     Poll,
     Recv(BytesMut),
     Send {
-        bufs: Vec<Bytes>,
-        // The kernel reads these two until completion; heap allocations do not move when the
-        // owning `Vec` / `Box` is moved into the slot.
-        _iov: Vec<libc::iovec>,
-        _msg: Box<libc::msghdr>,
+        bufs: SendQueue,
+        // The kernel reads these two until completion.
+        iov: Vec<libc::iovec>,
+        msg: Box<libc::msghdr>,
     },
     Wake(Box<[u8; 8]>),
-    Timer {
-        _ts: Box<types::Timespec>,
-    },
-    Internal {
-        _ts: Option<Box<types::Timespec>>,
-    },
+    Timer(Box<types::Timespec>),
+    Internal(Option<Box<types::Timespec>>),
 }
 
 struct Slot {
@@ -186,20 +173,30 @@ impl Ring {
         }
     }
 
-    /// Accepts one connection on `listener` (the fd must stay open until the completion).
-    pub(crate) fn accept(&mut self, tag: Tag, listener: RawFd) -> OpId {
-        let (user_data, _) = self.slot(tag, Owned::Accept);
-        let entry = opcode::Accept::new(
-            types::Fd(listener),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-        .flags(libc::SOCK_CLOEXEC)
-        .build()
-        .user_data(user_data);
-        // SAFETY: no buffers (null address out-parameters).
+    /// Parks `owned` in a slot and queues the entry `build` makes from it.
+    ///
+    /// # Safety
+    /// Every pointer in the entry must point into memory that `owned` keeps alive and in place
+    /// until the completion is reaped (or be null).
+    unsafe fn issue(
+        &mut self,
+        tag: Tag,
+        owned: Owned,
+        build: impl FnOnce(&mut Owned) -> squeue::Entry,
+    ) -> OpId {
+        let (user_data, owned) = self.slot(tag, owned);
+        let entry = build(owned).user_data(user_data);
+        // SAFETY: the caller guarantees the entry's buffers.
         unsafe { self.push(entry) };
         OpId(user_data)
+    }
+
+    /// Accepts one connection on `listener` (the fd must stay open until the completion).
+    pub(crate) fn accept(&mut self, tag: Tag, listener: RawFd) -> OpId {
+        let (addr, len) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let entry = opcode::Accept::new(types::Fd(listener), addr, len).flags(libc::SOCK_CLOEXEC);
+        // SAFETY: no buffers (null address out-parameters).
+        unsafe { self.issue(tag, Owned::Accept, |_| entry.build()) }
     }
 
     /// Receives up to `want` bytes into the spare capacity of `buf` (reserved here). With
@@ -214,13 +211,7 @@ impl Ring {
     ) -> OpId {
         let want = want.min(u32::MAX as usize);
         buf.reserve(want);
-        let (user_data, owned) = self.slot(tag, Owned::Recv(buf));
-        let Owned::Recv(buf) = owned else {
-            unreachable!("slot holds what was just put in")
-        };
-        // SAFETY: `reserve` made `want` bytes of capacity past `len`; the pointer stays in
-        // bounds of that allocation.
-        let spare = unsafe { buf.as_mut_ptr().add(buf.len()) };
+        let spare = buf.spare_capacity_mut().as_mut_ptr().cast();
         // Between messages (right after a response went out) the next request is rarely there
         // yet: wait for readiness first instead of trying a receive that fails.
         let (flags, ioprio) = if wait_all {
@@ -228,18 +219,14 @@ impl Ring {
         } else {
             (0, RECVSEND_POLL_FIRST)
         };
-        let mut entry = opcode::Recv::new(types::Fd(fd), spare, want as u32)
+        let entry = opcode::Recv::new(types::Fd(fd), spare, want as u32)
             .flags(flags)
             .ioprio(ioprio)
-            .build()
-            .user_data(user_data);
-        if want >= ASYNC_BYTES {
-            entry = entry.flags(squeue::Flags::ASYNC);
-        }
-        // SAFETY: the `BytesMut` is owned by the slot until the completion is reaped, and is not
-        // touched meanwhile; its heap allocation does not move with it.
-        unsafe { self.push(entry) };
-        OpId(user_data)
+            .build();
+        let entry = async_when(entry, want);
+        // SAFETY: `spare` points at `want` reserved bytes of the `BytesMut`'s heap allocation,
+        // which the slot owns (untouched, and not moving) until the completion is reaped.
+        unsafe { self.issue(tag, Owned::Recv(buf), |_| entry) }
     }
 
     /// Sends `bufs` in order with one `sendmsg` (at most [`MAX_IOVECS`] of them; the
@@ -249,11 +236,11 @@ impl Ring {
         &mut self,
         tag: Tag,
         fd: RawFd,
-        bufs: Vec<Bytes>,
+        bufs: SendQueue,
         timeout: Option<Duration>,
     ) -> OpId {
         let iov: Vec<libc::iovec> = bufs
-            .iter()
+            .buffers()
             .take(MAX_IOVECS)
             .map(|b| libc::iovec {
                 iov_base: b.as_ptr() as *mut libc::c_void,
@@ -266,99 +253,67 @@ impl Ring {
         msg.msg_iovlen = iov.len() as _;
         let msg_ptr: *const libc::msghdr = &*msg;
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
-        let (user_data, _) = self.slot(
-            tag,
-            Owned::Send {
-                bufs,
-                _iov: iov,
-                _msg: msg,
-            },
-        );
-        let mut entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
-            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
-            .build()
-            .user_data(user_data);
-        if total >= ASYNC_BYTES {
-            entry = entry.flags(squeue::Flags::ASYNC);
-        }
-        if let Some(timeout) = timeout {
+        let flags = (libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32;
+        let entry = opcode::SendMsg::new(types::Fd(fd), msg_ptr)
+            .flags(flags)
+            .build();
+        let mut entry = async_when(entry, total);
+        if timeout.is_some() {
             entry = entry.flags(squeue::Flags::IO_LINK);
-            // SAFETY: the msghdr, the iovecs and the `Bytes` they point into are owned by the
-            // slot until the completion is reaped (`Bytes` never move their data).
-            unsafe { self.push(entry) };
-            let ts = Box::new(types::Timespec::from(timeout));
-            let ts_ptr: *const types::Timespec = &*ts;
-            let (timer_data, _) = self.slot(0, Owned::Internal { _ts: Some(ts) });
-            let link = opcode::LinkTimeout::new(ts_ptr)
-                .build()
-                .user_data(timer_data);
-            // SAFETY: the timespec is owned by the link timeout's own slot.
-            unsafe { self.push(link) };
-        } else {
-            // SAFETY: as above.
-            unsafe { self.push(entry) };
         }
-        OpId(user_data)
+        // SAFETY: the msghdr, the iovecs and the `Bytes` they point into are owned by the slot
+        // until the completion is reaped (`Bytes` never move their data).
+        let op = unsafe { self.issue(tag, Owned::Send { bufs, iov, msg }, |_| entry) };
+        if let Some(timeout) = timeout {
+            let ts = Box::new(types::Timespec::from(timeout));
+            let link = opcode::LinkTimeout::new(&*ts).build();
+            // SAFETY: the timespec is owned by the link timeout's own slot.
+            unsafe { self.issue(0, Owned::Internal(Some(ts)), |_| link) };
+        }
+        op
     }
 
     /// Completes once `fd` can be read (or, with `writable`, written) without blocking: the
     /// readiness half of a transfer done with [`recv_now`] / [`send_now`] straight between
     /// the socket and memory that must not be lent to the kernel across completions.
     pub(crate) fn poll(&mut self, tag: Tag, fd: RawFd, writable: bool) -> OpId {
-        let (user_data, _) = self.slot(tag, Owned::Poll);
-        let mask = if writable {
-            libc::POLLOUT
-        } else {
-            libc::POLLIN
-        };
-        let entry = opcode::PollAdd::new(types::Fd(fd), mask as u32)
-            .build()
-            .user_data(user_data);
+        let entry = opcode::PollAdd::new(types::Fd(fd), poll_mask(writable) as u32).build();
         // SAFETY: no buffers.
-        unsafe { self.push(entry) };
-        OpId(user_data)
+        unsafe { self.issue(tag, Owned::Poll, |_| entry) }
     }
 
     /// Waits for the eventfd to be signalled.
     pub(crate) fn wait_wake(&mut self, tag: Tag, eventfd: &EventFd) -> OpId {
-        let (user_data, owned) = self.slot(tag, Owned::Wake(Box::new([0; 8])));
-        let Owned::Wake(buf) = owned else {
-            unreachable!("slot holds what was just put in")
+        let fd = types::Fd(eventfd.0.as_raw_fd());
+        let read = |owned: &mut Owned| match owned {
+            Owned::Wake(buf) => opcode::Read::new(fd, buf.as_mut_ptr(), 8).build(),
+            _ => unreachable!("the slot holds what was just put in"),
         };
-        let ptr = buf.as_mut_ptr();
-        let entry = opcode::Read::new(types::Fd(eventfd.0.as_raw_fd()), ptr, 8)
-            .build()
-            .user_data(user_data);
         // SAFETY: the 8-byte box is owned by the slot until the completion is reaped.
-        unsafe { self.push(entry) };
-        OpId(user_data)
+        unsafe { self.issue(tag, Owned::Wake(Box::new([0; 8])), read) }
     }
 
     /// A timer that completes after `after`.
     pub(crate) fn timer(&mut self, tag: Tag, after: Duration) -> OpId {
         let ts = Box::new(types::Timespec::from(after));
-        let ptr: *const types::Timespec = &*ts;
-        let (user_data, _) = self.slot(tag, Owned::Timer { _ts: ts });
-        let entry = opcode::Timeout::new(ptr).build().user_data(user_data);
+        let entry = opcode::Timeout::new(&*ts).build();
         // SAFETY: the timespec is owned by the slot until the completion is reaped.
-        unsafe { self.push(entry) };
-        OpId(user_data)
+        unsafe { self.issue(tag, Owned::Timer(ts), |_| entry) }
     }
 
     /// Asks the kernel to cancel an operation; its completion still arrives (usually with
     /// `ECANCELED`), and only then are its buffers released.
     pub(crate) fn cancel(&mut self, op: OpId) {
-        let (user_data, _) = self.slot(0, Owned::Internal { _ts: None });
-        let entry = opcode::AsyncCancel::new(op.0).build().user_data(user_data);
+        let entry = opcode::AsyncCancel::new(op.0).build();
         // SAFETY: no buffers.
-        unsafe { self.push(entry) };
+        unsafe { self.issue(0, Owned::Internal(None), |_| entry) };
     }
 
     /// Submits what is queued and waits until at least one completion is there (or `timeout`
     /// passed, when given). Interrupted waits simply return.
     pub(crate) fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         if !self.ring.completion().is_empty() {
-            return self.submit_only();
+            return entered(self.ring.submit());
         }
         let result = match timeout {
             None => self.ring.submit_and_wait(1).map(drop),
@@ -386,10 +341,6 @@ impl Ring {
         entered(result)
     }
 
-    fn submit_only(&mut self) -> io::Result<()> {
-        entered(self.ring.submit())
-    }
-
     fn reap(&mut self) {
         let completion = self.ring.completion();
         self.reaped
@@ -401,23 +352,17 @@ impl Ring {
         self.reap();
         for (user_data, result) in std::mem::take(&mut self.reaped) {
             let index = (user_data & 0xffff_ffff) as usize;
-            let generation = (user_data >> 32) as u32;
             let Some(slot) = self.slots.get_mut(index) else {
                 continue;
             };
-            if slot.generation != generation {
-                continue;
-            }
-            let Some((tag, owned)) = slot.op.take() else {
+            let current = u64::from(slot.generation) == user_data >> 32;
+            let Some((tag, owned)) = slot.op.take_if(|_| current) else {
                 continue;
             };
             self.free.push(index as u32);
             self.in_flight -= 1;
-            let outcome = if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else {
-                Ok(result as usize)
-            };
+            let outcome =
+                usize::try_from(result).map_err(|_| io::Error::from_raw_os_error(-result));
             let completion = match owned {
                 Owned::Accept => Completion::Accept(outcome.map(|fd| {
                     // SAFETY: a successful accept returns a new descriptor that nothing else
@@ -430,19 +375,13 @@ impl Ring {
                         // `recv` reserved (n never exceeds the length it was given).
                         unsafe { buf.set_len(buf.len() + n) };
                     }
-                    Completion::Recv {
-                        buf,
-                        result: outcome,
-                    }
+                    Completion::Recv(buf, outcome)
                 }
-                Owned::Send { bufs, .. } => Completion::Send {
-                    bufs,
-                    result: outcome,
-                },
+                Owned::Send { bufs, .. } => Completion::Send(bufs, outcome),
                 Owned::Poll => Completion::Ready(outcome),
                 Owned::Wake(_) => Completion::Wake,
-                Owned::Timer { .. } => Completion::Timer,
-                Owned::Internal { .. } => Completion::Internal,
+                Owned::Timer(_) => Completion::Timer,
+                Owned::Internal(_) => Completion::Internal,
             };
             out.push((tag, completion));
         }
@@ -451,18 +390,15 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        if self.in_flight == 0 {
-            return;
-        }
-        let live: Vec<u64> = self
+        let live: Vec<OpId> = self
             .slots
             .iter()
             .enumerate()
             .filter(|(_, slot)| slot.op.is_some())
-            .map(|(index, slot)| (u64::from(slot.generation) << 32) | index as u64)
+            .map(|(index, slot)| OpId((u64::from(slot.generation) << 32) | index as u64))
             .collect();
-        for user_data in live {
-            self.cancel(OpId(user_data));
+        for op in live {
+            self.cancel(op);
         }
         let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
         let mut sink = Vec::new();
@@ -480,11 +416,7 @@ impl Drop for Ring {
                 operations = self.in_flight,
                 "io_uring operations did not finish; leaking their buffers"
             );
-            for slot in &mut self.slots {
-                if let Some(op) = slot.op.take() {
-                    std::mem::forget(op);
-                }
-            }
+            std::mem::forget(std::mem::take(&mut self.slots));
         }
     }
 }
@@ -492,41 +424,19 @@ impl Drop for Ring {
 /// A non-blocking `recv` into `dst` (`WouldBlock` when nothing is there; `Ok(0)`: end of
 /// stream), for data that goes straight into memory only borrowed for this call.
 pub(crate) fn recv_now(stream: &TcpStream, dst: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `dst` is valid for writes of `dst.len()` bytes for the whole call, and the kernel
+    let (ptr, len) = (dst.as_mut_ptr().cast(), dst.len());
+    // SAFETY: `dst` is valid for writes of `len` bytes for the whole call, and the kernel
     // writes at most that many; the descriptor is open while `stream` is borrowed.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            dst.as_mut_ptr().cast(),
-            dst.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    checked(unsafe { libc::recv(stream.as_raw_fd(), ptr, len, libc::MSG_DONTWAIT) })
 }
 
 /// A non-blocking `send` of `src` (`WouldBlock` when the socket buffer is full; never
 /// `SIGPIPE`), for data sent straight from memory only borrowed for this call.
 pub(crate) fn send_now(stream: &TcpStream, src: &[u8]) -> io::Result<usize> {
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
     // SAFETY: `src` is valid for reads of `src.len()` bytes for the whole call; the descriptor
     // is open while `stream` is borrowed.
-    let n = unsafe {
-        libc::send(
-            stream.as_raw_fd(),
-            src.as_ptr().cast(),
-            src.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    checked(unsafe { libc::send(stream.as_raw_fd(), src.as_ptr().cast(), src.len(), flags) })
 }
 
 /// Waits (blocking the calling thread, for at most `timeout`) until `stream` can be read (or,
@@ -537,32 +447,44 @@ pub(crate) fn wait_ready(
     writable: bool,
     timeout: Duration,
 ) -> io::Result<bool> {
+    let fd = stream.as_raw_fd();
     let mut pollfd = libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events: if writable {
-            libc::POLLOUT
-        } else {
-            libc::POLLIN
-        },
+        fd,
+        events: poll_mask(writable),
         revents: 0,
     };
     let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid `pollfd` for the whole call; the descriptor is open while `stream` is
     // borrowed.
-    let n = unsafe { libc::poll(&mut pollfd, 1, millis) };
-    match n {
-        n if n < 0 => {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                Ok(true)
-            } else {
-                Err(error)
-            }
-        }
-        0 => Ok(false),
-        // Readiness, an error or a hang-up: the next transfer call tells which.
-        _ => Ok(true),
+    match checked(unsafe { libc::poll(&mut pollfd, 1, millis) } as isize) {
+        Ok(0) => Ok(false),
+        // Readiness, an error, a hang-up or a signal: the next transfer call tells which.
+        Ok(_) => Ok(true),
+        Err(error) if error.kind() == io::ErrorKind::Interrupted => Ok(true),
+        Err(error) => Err(error),
     }
+}
+
+fn poll_mask(writable: bool) -> libc::c_short {
+    if writable {
+        libc::POLLOUT
+    } else {
+        libc::POLLIN
+    }
+}
+
+/// `entry`, run in the kernel's io-wq workers when it moves `bytes` >= [`ASYNC_BYTES`].
+fn async_when(entry: squeue::Entry, bytes: usize) -> squeue::Entry {
+    if bytes >= ASYNC_BYTES {
+        entry.flags(squeue::Flags::ASYNC)
+    } else {
+        entry
+    }
+}
+
+/// A system call's result: the error in `errno` when negative.
+fn checked(n: isize) -> io::Result<usize> {
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// Whether an operation ended because it was cancelled.
@@ -598,15 +520,10 @@ impl EventFd {
 /// (a signal, a wait that timed out, a completion queue or kernel momentarily busy) as success:
 /// the loop just collects what completions there are and goes round again.
 fn entered<T>(result: io::Result<T>) -> io::Result<()> {
-    match result {
-        Err(error)
-            if matches!(
-                error.raw_os_error(),
-                Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN)
-            ) =>
-        {
-            Ok(())
-        }
-        other => other.map(drop),
-    }
+    result
+        .map(drop)
+        .or_else(|error| match error.raw_os_error() {
+            Some(libc::EINTR | libc::ETIME | libc::EBUSY | libc::EAGAIN) => Ok(()),
+            _ => Err(error),
+        })
 }

@@ -1,64 +1,46 @@
 //! The io_uring server: accept loop, per-connection drivers, limits and graceful shutdown.
 //!
-//! Each ring thread owns one io_uring instance and serves many clients on it (with
-//! [`ServerConfig::rings`] > 1, each ring accepts on its own duplicate of the listener and keeps
-//! the clients it accepted). A connection has at most one socket operation in flight at a time,
-//! except while a SET_TENSOR chunk is being written to the backend, when the next chunk is
-//! already being received.
+//! Each ring thread owns one io_uring and serves the clients it accepted. Per connection: drive
+//! the [`Core`], write its outbox with one `sendmsg` straight from the response `Bytes`, then
+//! receive (between messages into one reusable 64 KiB buffer). At most one socket operation
+//! is in flight, except that the next SET_TENSOR chunk is received while a blocking thread
+//! writes the last one to the backend.
 //!
-//! Per connection the loop is the tokio shell's: drive the [`Core`] until it needs input, write
-//! its transmit queue with one `sendmsg` straight from the response `Bytes`, then receive —
-//! between messages into one reusable 64 KiB buffer. During a streamed write the data goes
-//! straight into backend memory: one non-blocking `recv` fills the destination region the
-//! dispatcher lends for that call (memory the kernel must not hold across completions, so no
-//! `RECV` op points into it). A large GET_TENSOR reply is sent the same way, with non-blocking
-//! `send`s from the lent region. These direct transfers are optimistic: a connection whose
-//! transfer goes on is queued in the loop's ready queue and simply tried again on the next
-//! pass (one call per connection per pass, so a large transfer does not starve the others;
-//! while the queue is not empty the loop only collects completions, it does not wait for
-//! them); only when a call finds the socket empty (full) does a `POLL_ADD` wait until it is
-//! readable (writable) again. One large direct transfer (4 MiB or more to go) at a time runs on
-//! the ring thread; further ones that start meanwhile run on blocking threads (non-blocking
-//! calls with `poll` in between, the core and a share of the socket with them), so the copies
-//! of many clients' transfers proceed on several cores: at most
-//! [`ServerConfig::direct_threads`] at once (by default the cores but the ring's), the rest take
-//! turns on the ring thread. More copying threads than cores only add context switches (with
-//! sixteen clients on two cores, a thread per transfer moved 10 % less than the tokio shell).
-//! A transfer there whose socket stalls for 100 ms comes back, and the ring waits for readiness
-//! with a `POLL_ADD` before the next one, so a client that stops reading or writing holds no
-//! thread. Where the dispatcher declines (the tensor cache also stores the data, data arrived
-//! buffered with the header, a backend without host memory), streamed data is received into a
-//! buffer of `min(stream_remaining, chunk)` bytes with `MSG_WAITALL`, handed to the session
-//! whole, and replies go piece by piece through the transmit queue. Heavy events and comm link work go to
-//! a blocking thread with the whole `Core`; the ring goes on serving the others and the core
-//! comes back through the ring's mailbox (an eventfd the ring always has a read posted on).
-//! Freeing a large buffer is heavy work too, and so is freeing a closing client that held
-//! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) or more (unmapping a GiB takes about
-//! 100 ms, which the ring's other clients would wait out); `join` waits for those frees.
+//! Streamed SET_TENSOR data and large replies move straight between the socket and backend
+//! memory lent for one non-blocking call (the kernel must not hold it across completions). A
+//! direct transfer is tried once per pass of the loop (so none starves the others) and polled
+//! for only when the socket was empty (full). One large transfer at a time runs on the ring;
+//! further ones on blocking threads, at most [`ServerConfig::direct_threads`]: more copying
+//! threads than cores only add context switches (sixteen clients on two cores, a thread per
+//! transfer: 10 % less than the tokio shell). A socket stalled there for 100 ms is handed back
+//! to the ring's poll, so a stalled client holds no thread.
+//!
+//! Heavy work goes to a blocking thread with the whole `Core`, which comes back through the
+//! ring's mailbox (an eventfd the ring always has a read posted on). Freeing a client that held
+//! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) is heavy too (unmapping a GiB takes
+//! about 100 ms); `join` waits for those frees.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use proto_core::backend::Backend;
 use proto_core::session::MAX_DATA_CHUNK;
 use proto_core::wire::ProtocolVersion;
-pub use shell_common::config::{
-    DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,
-};
-
 use shell_common::shell::{
     self, ClientSlot, ClientSlots, Closed, ConnectionError, FINAL_FLUSH_TIMEOUT, READ_SIZE,
 };
+use shell_common::{ConnectionConfig, Direct, SendQueue};
 
-use crate::core::{ConnectionConfig, Core, Stop, Work};
-use crate::pool::Pool;
+use crate::core::{Core, Stop};
+use crate::pool::{lock, Pool};
 use crate::ring::{self, Completion, EventFd, OpId, Ring, Tag};
 
 /// Default for [`ServerConfig::stream_chunk`]: 8 MiB (two are alive at once per streaming
@@ -70,19 +52,18 @@ const HELD_CHUNKS: usize = 2;
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 512;
 /// A direct transfer with at least this many bytes to go that starts while another one runs on
-/// the ring runs on a blocking thread (non-blocking calls and `poll`), so the copies of several
-/// large transfers proceed on several cores.
+/// the ring runs on a blocking thread.
 const DIRECT_OFFLOAD_BYTES: u64 = 4 << 20;
-/// How long a direct transfer on a blocking thread waits for a socket that neither takes nor
-/// gives data before handing the wait back to the ring (a stalled client holds no thread).
+/// How long a direct transfer on a blocking thread waits for a stalled socket before handing
+/// the wait back to the ring.
 const DIRECT_STALL: Duration = Duration::from_millis(100);
-/// Most blocking threads.
-const MAX_BLOCKING_THREADS: usize = 256;
 
 const TAG_ACCEPT: Tag = 0;
 const TAG_WAKE: Tag = 1;
 const TAG_GRACE: Tag = 2;
 const TAG_ACCEPT_RETRY: Tag = 3;
+/// The first connection's tag (tags are never reused, and never one of the ring's own).
+const FIRST_CONN_TAG: Tag = 1 << 32;
 
 /// Settings of a server: the knobs every shell shares, plus the ring layout.
 #[derive(Debug, Clone)]
@@ -127,20 +108,24 @@ struct Returned {
     direct: Option<DirectEnd>,
 }
 
-/// How a direct transfer on a blocking thread ([`Loop::offload_direct`]) ended.
+/// How a direct transfer on a blocking thread ([`direct_blocking`]) ended.
 enum DirectEnd {
     /// Nothing left to move directly (the core says what comes next).
     Done,
     /// The socket stayed empty (full) for [`DIRECT_STALL`]: the ring waits for it instead.
     Stalled,
-    /// The dispatcher declined to lend memory for the streamed write (`false`) or the reply
-    /// (`true`): take the buffered path.
-    Declined {
-        writable: bool,
-    },
-    /// The peer closed its side.
-    Eof,
-    Io(io::Error),
+    /// The dispatcher declined to lend memory for the streamed write: receive into buffers.
+    Buffered,
+    /// The peer closed its side, or the socket failed.
+    End(Ending),
+}
+
+/// What a blocking thread does with a connection's core.
+enum Job {
+    /// [`Stop::Heavy`] or [`Stop::Comm`].
+    Work(Stop),
+    /// The direct transfer in progress (a reply's with `true`), with a share of the socket.
+    Direct(Arc<TcpStream>, bool),
 }
 
 /// Where blocking threads return cores to a ring.
@@ -150,21 +135,14 @@ struct Mailbox {
 }
 
 impl Mailbox {
-    fn deliver(&self, returned: Returned) {
-        self.returned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(returned);
-        self.eventfd.wake();
+    fn new(eventfd: EventFd) -> Mailbox {
+        let returned = Mutex::default();
+        Mailbox { returned, eventfd }
     }
 
-    fn take(&self) -> Vec<Returned> {
-        std::mem::take(
-            &mut *self
-                .returned
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+    fn deliver(&self, returned: Returned) {
+        lock(&self.returned).push(returned);
+        self.eventfd.wake();
     }
 }
 
@@ -172,53 +150,15 @@ struct Shared {
     backend: Arc<dyn Backend>,
     connection: ConnectionConfig,
     slots: ClientSlots,
-    shutdown_grace: Duration,
-    stream_chunk: usize,
-    direct_threads: usize,
+    /// With `stream_chunk` and `direct_threads` in bounds.
+    config: ServerConfig,
     stop: AtomicBool,
     announced: AtomicBool,
     mailboxes: Vec<Arc<Mailbox>>,
     pool: Pool,
-    /// Closing connections whose buffers a blocking thread is freeing ([`Server::join`] waits
-    /// for them).
-    freeing: Freeing,
-}
-
-/// A count of connections being freed on blocking threads, that one can wait to reach zero.
-#[derive(Default)]
-struct Freeing {
-    count: Mutex<usize>,
-    done: std::sync::Condvar,
-}
-
-impl Freeing {
-    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
-        self.count
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn begin(&self) {
-        *self.lock() += 1;
-    }
-
-    fn end(&self) {
-        let mut count = self.lock();
-        *count -= 1;
-        if *count == 0 {
-            self.done.notify_all();
-        }
-    }
-
-    fn wait(&self) {
-        let mut count = self.lock();
-        while *count > 0 {
-            count = self
-                .done
-                .wait(count)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-    }
+    /// Each closing connection freed on a blocking thread holds a clone until it is freed;
+    /// [`Server::join`] drops this one and waits until every clone is gone.
+    freeing: Mutex<Option<Sender<()>>>,
 }
 
 /// Asks a running [`Server`] to shut down (cheap to clone, usable from any thread).
@@ -247,6 +187,8 @@ pub struct Server {
     stopper: Stopper,
     threads: Vec<JoinHandle<()>>,
     local_addr: SocketAddr,
+    /// Disconnected once every connection freed on a blocking thread is freed.
+    freed: Receiver<()>,
 }
 
 impl Server {
@@ -257,41 +199,38 @@ impl Server {
     pub fn start(
         listener: TcpListener,
         backend: Arc<dyn Backend>,
-        config: ServerConfig,
+        mut config: ServerConfig,
     ) -> io::Result<Server> {
         let connection = config.base.connection_config()?;
         let local_addr = listener.local_addr()?;
         let rings = config.rings.max(1);
+        config.stream_chunk = config.stream_chunk.clamp(1, MAX_DATA_CHUNK);
+        config.direct_threads = config.direct_threads.max(1);
         let dispatch = tracing::dispatcher::get_default(Clone::clone);
-        let mut mailboxes = Vec::with_capacity(rings);
-        for _ in 0..rings {
-            mailboxes.push(Arc::new(Mailbox {
-                returned: Mutex::new(Vec::new()),
-                eventfd: EventFd::new()?,
-            }));
-        }
+        let mailboxes = (0..rings)
+            .map(|_| Ok(Arc::new(Mailbox::new(EventFd::new()?))))
+            .collect::<io::Result<_>>()?;
+        let (freeing, freed) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared {
             backend,
             connection,
             slots: ClientSlots::new(config.base.max_clients),
-            shutdown_grace: config.base.shutdown_grace,
-            stream_chunk: config.stream_chunk.clamp(1, MAX_DATA_CHUNK),
-            direct_threads: config.direct_threads.max(1),
+            config,
             stop: AtomicBool::new(false),
             announced: AtomicBool::new(false),
             mailboxes,
-            pool: Pool::new(MAX_BLOCKING_THREADS, dispatch.clone()),
-            freeing: Freeing::default(),
+            pool: Pool::new(dispatch.clone()),
+            freeing: Mutex::new(Some(freeing)),
         });
-        let mut listeners = Vec::with_capacity(rings);
-        for _ in 1..rings {
-            listeners.push(listener.try_clone()?);
-        }
+        let mut listeners = (1..rings)
+            .map(|_| listener.try_clone())
+            .collect::<io::Result<Vec<_>>>()?;
         listeners.push(listener);
         let mut server = Server {
             stopper: Stopper(shared.clone()),
             threads: Vec::with_capacity(rings),
             local_addr,
+            freed,
         };
         for (index, listener) in listeners.into_iter().enumerate() {
             let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
@@ -302,13 +241,10 @@ impl Server {
                 .spawn(move || {
                     let _dispatch = tracing::dispatcher::set_default(&dispatch);
                     match Ring::new(RING_ENTRIES) {
-                        Err(error) => {
-                            let _ = ready_tx.send(Err(error));
-                        }
+                        Err(error) => drop(ready_tx.send(Err(error))),
                         Ok(ring) => {
                             let _ = ready_tx.send(Ok(()));
-                            let mailbox = shared.mailboxes[index].clone();
-                            Loop::new(ring, shared, mailbox, listener).run();
+                            Loop::new(ring, shared, index, listener).run();
                         }
                     }
                 })?;
@@ -319,10 +255,7 @@ impl Server {
             if let Err(error) = ready {
                 server.stop();
                 server.join();
-                return Err(io::Error::new(
-                    error.kind(),
-                    format!("io_uring is not available: {error}"),
-                ));
+                return Err(unavailable(error));
             }
         }
         Ok(server)
@@ -343,26 +276,28 @@ impl Server {
         self.stopper.stop();
     }
 
-    /// Waits until every ring thread has ended: after a [`stop`](Self::stop), once every
-    /// connection closed or the grace period ran out. Every buffer the clients held is freed by
-    /// then (except those of commands still running on a blocking thread after the grace
-    /// period, which are freed when the command ends).
+    /// Waits until every ring thread has ended (after a [`stop`](Self::stop): once every
+    /// connection closed or the grace period ran out) and every client's buffers are freed, but
+    /// those of a command still running after the grace period (freed when it ends).
     pub fn join(mut self) {
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 tracing::error!("a ring thread panicked");
             }
         }
-        self.stopper.0.freeing.wait();
+        lock(&self.stopper.0.freeing).take();
+        let _ = self.freed.recv();
         self.stopper.0.pool.close();
     }
 }
 
 /// Checks that this kernel lets this process use io_uring with the operations the server needs.
 pub fn probe() -> io::Result<()> {
-    Ring::new(8).map(drop).map_err(|error| {
-        io::Error::new(error.kind(), format!("io_uring is not available: {error}"))
-    })
+    Ring::new(8).map(drop).map_err(unavailable)
+}
+
+fn unavailable(error: io::Error) -> io::Error {
+    io::Error::new(error.kind(), format!("io_uring is not available: {error}"))
 }
 
 /// How a connection ended (for the log).
@@ -372,44 +307,40 @@ type Ending = Result<Closed, ConnectionError>;
 enum OpKind {
     /// Receiving between messages (cancelled by a shutdown).
     Idle,
-    /// Receiving streamed tensor data.
+    /// Receiving streamed tensor data into a buffer.
     Stream,
-    /// Waiting until streamed tensor data can be received straight into backend memory.
-    StreamReady,
-    /// Waiting until a large reply can be sent straight from backend memory.
-    ReplyReady,
+    /// Waiting until the socket is readable (writable, `true`) for a direct transfer.
+    Ready(bool),
     Send,
 }
 
 enum AfterSend {
     Continue,
-    Offload(Work),
+    Offload(Stop),
     Close(Ending),
 }
 
+/// One client. Dropped in field order: its buffers, then the socket, then its client slot.
 struct Conn {
-    /// The client's place among the server's clients, freed when the connection is.
-    slot: ClientSlot,
-    /// Shared with a blocking thread while it runs a direct transfer.
-    stream: Arc<TcpStream>,
-    span: tracing::Span,
     /// `None` while on a blocking thread.
     core: Option<Box<Core>>,
+    /// Shared with a blocking thread while it runs a direct transfer.
+    stream: Arc<TcpStream>,
+    _slot: ClientSlot,
+    span: tracing::Span,
     read_buf: BytesMut,
     op: Option<(OpId, OpKind)>,
     /// Streamed data received while the core was away.
     stash: Option<(BytesMut, io::Result<usize>)>,
-    /// The last data chunks handed to the session: once the backend has written them and
-    /// dropped its slices, their memory receives the next chunks (no fresh pages to fault in
-    /// for every chunk). Released when the streamed write ends.
+    /// The last data chunks handed to the session: once the backend dropped its slices, their
+    /// memory receives the next chunks (no fresh pages to fault in for every chunk).
     held: Vec<Bytes>,
     after_send: AfterSend,
     /// What the blocking thread returned while an operation was still in flight.
     parked: Option<Stop>,
     /// Set when the connection fails while an operation is in flight: close once it is done.
     ending: Option<Ending>,
-    /// The streamed write in progress is received into buffers (the dispatcher declined to
-    /// lend backend memory for it).
+    /// The dispatcher declined to lend memory for the streamed write in progress.
     buffered_stream: bool,
     /// A direct transfer on a blocking thread found the socket stalled: the ring waits for
     /// readiness before the next one.
@@ -418,59 +349,22 @@ struct Conn {
     ring_direct: bool,
 }
 
-/// Connections of one ring, addressed by tags that are never reused (index + generation).
-#[derive(Default)]
-struct Conns {
-    slots: Vec<(u32, Option<Conn>)>,
-    free: Vec<usize>,
-    len: usize,
-}
-
-impl Conns {
-    fn insert(&mut self, conn: Conn) -> Tag {
-        let index = self.free.pop().unwrap_or_else(|| {
-            self.slots.push((0, None));
-            self.slots.len() - 1
-        });
-        let slot = &mut self.slots[index];
-        // Generation 0 is reserved for the ring's own tags.
-        slot.0 = slot.0.checked_add(1).unwrap_or(1);
-        slot.1 = Some(conn);
-        self.len += 1;
-        (u64::from(slot.0) << 32) | index as u64
+impl Conn {
+    /// Receives the next `min(remaining, chunk)` bytes of streamed data into a buffer.
+    fn recv_stream(&mut self, ring: &mut Ring, tag: Tag, remaining: u64, config: &ServerConfig) {
+        let want = usize::try_from(remaining)
+            .unwrap_or(usize::MAX)
+            .min(config.stream_chunk);
+        let buf = stream_buffer(&mut self.held, want);
+        let op = ring.recv(tag, self.stream.as_raw_fd(), buf, want, true);
+        self.op = Some((op, OpKind::Stream));
     }
 
-    fn split(tag: Tag) -> (usize, u32) {
-        ((tag & 0xffff_ffff) as usize, (tag >> 32) as u32)
-    }
-
-    fn get_mut(&mut self, tag: Tag) -> Option<&mut Conn> {
-        let (index, generation) = Conns::split(tag);
-        match self.slots.get_mut(index) {
-            Some((g, Some(conn))) if *g == generation => Some(conn),
-            _ => None,
-        }
-    }
-
-    fn remove(&mut self, tag: Tag) -> Option<Conn> {
-        let (index, generation) = Conns::split(tag);
-        match self.slots.get_mut(index) {
-            Some((g, conn @ Some(_))) if *g == generation => {
-                self.free.push(index);
-                self.len -= 1;
-                conn.take()
-            }
-            _ => None,
-        }
-    }
-
-    fn tags(&self) -> Vec<Tag> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, conn))| conn.is_some())
-            .map(|(index, (generation, _))| (u64::from(*generation) << 32) | index as u64)
-            .collect()
+    /// Frees the client's buffers, closes the socket, logs the ending.
+    fn close(self, ending: Ending) {
+        let span = self.span.clone();
+        drop(self);
+        span.in_scope(|| shell::log_end(&ending));
     }
 }
 
@@ -481,33 +375,31 @@ struct Loop {
     mailbox: Arc<Mailbox>,
     listener: Option<TcpListener>,
     accept_op: Option<OpId>,
-    conns: Conns,
-    /// Connections whose next direct transfer is tried right away, without waiting for
-    /// readiness through the ring (the kind says which direction), in turn: one non-blocking
-    /// call each per pass, so a large transfer does not starve the others.
-    ready: VecDeque<(Tag, OpKind)>,
+    conns: HashMap<Tag, Conn>,
+    next_tag: Tag,
+    /// Connections whose next direct transfer (writable: a reply) is tried without waiting for
+    /// readiness, in turn: one call each per pass.
+    ready: VecDeque<(Tag, bool)>,
     /// Connections running a large direct transfer on this ring (flagged `ring_direct`).
     ring_direct: usize,
     /// Direct transfers of this ring's connections running on blocking threads.
     offloaded_direct: usize,
-    /// Most of those at once ([`ServerConfig::direct_threads`]).
-    max_offloaded_direct: usize,
     stopping: bool,
 }
 
 impl Loop {
-    fn new(ring: Ring, shared: Arc<Shared>, mailbox: Arc<Mailbox>, listener: TcpListener) -> Loop {
+    fn new(ring: Ring, shared: Arc<Shared>, index: usize, listener: TcpListener) -> Loop {
         Loop {
             ring,
-            mailbox,
+            mailbox: shared.mailboxes[index].clone(),
+            shared,
             listener: Some(listener),
             accept_op: None,
-            conns: Conns::default(),
+            conns: HashMap::new(),
+            next_tag: FIRST_CONN_TAG,
             ready: VecDeque::new(),
             ring_direct: 0,
             offloaded_direct: 0,
-            max_offloaded_direct: shared.direct_threads,
-            shared,
             stopping: false,
         }
     }
@@ -516,7 +408,7 @@ impl Loop {
         self.post_accept();
         self.ring.wait_wake(TAG_WAKE, &self.mailbox.eventfd);
         let mut batch = Vec::new();
-        while !(self.stopping && self.listener.is_none() && self.conns.len == 0) {
+        while !(self.stopping && self.listener.is_none() && self.conns.is_empty()) {
             // With direct transfers to try, completions are only collected, not waited for.
             let submitted = if self.ready.is_empty() {
                 self.ring.submit_and_wait(None)
@@ -534,14 +426,12 @@ impl Loop {
             // One pass: each connection queued now gets one transfer; those that moved data
             // queue up again behind the others.
             for _ in 0..self.ready.len() {
-                if let Some((tag, kind)) = self.ready.pop_front() {
-                    self.transfer(tag, kind);
+                if let Some((tag, writable)) = self.ready.pop_front() {
+                    self.transfer(tag, writable);
                 }
             }
         }
-        for tag in self.conns.tags() {
-            self.drop_conn(tag);
-        }
+        self.drop_all();
     }
 
     fn on_completion(&mut self, tag: Tag, completion: Completion) {
@@ -551,8 +441,8 @@ impl Loop {
             Completion::Wake => self.on_wake(),
             Completion::Timer if tag == TAG_GRACE => self.on_grace(),
             Completion::Timer => self.post_accept(),
-            Completion::Recv { buf, result } => self.on_recv(tag, buf, result),
-            Completion::Send { bufs, result } => self.on_send(tag, bufs, result),
+            Completion::Recv(buf, result) => self.on_recv(tag, buf, result),
+            Completion::Send(bufs, result) => self.on_send(tag, bufs, result),
             Completion::Ready(result) => self.on_ready(tag, result),
         }
     }
@@ -586,21 +476,20 @@ impl Loop {
             Ok(peer) => peer,
             Err(error) => return shell::accept_failed(&error),
         };
-        let shared = &self.shared;
-        let Some(slot) = shared.slots.admit(peer) else {
+        let Some(slot) = self.shared.slots.admit(peer) else {
             return;
         };
         let span = tracing::info_span!("client", %peer, shell = "uring");
         let core = {
             let _entered = span.enter();
             shell::accepted(&stream);
-            Core::new(shared.backend.clone(), &shared.connection)
+            Core::new(self.shared.backend.clone(), &self.shared.connection)
         };
-        let conn = Conn {
-            slot,
-            stream: Arc::new(stream),
-            span,
+        let mut conn = Conn {
             core: None,
+            stream: Arc::new(stream),
+            _slot: slot,
+            span,
             read_buf: BytesMut::new(),
             op: None,
             stash: None,
@@ -612,16 +501,14 @@ impl Loop {
             stalled: false,
             ring_direct: false,
         };
-        let tag = self.conns.insert(conn);
         match core {
-            Ok(core) => {
-                if let Some(conn) = self.conns.get_mut(tag) {
-                    conn.core = Some(Box::new(core));
-                }
-                self.advance(tag, None);
-            }
-            Err(error) => self.finish(tag, Err(error.into())),
+            Ok(core) => conn.core = Some(Box::new(core)),
+            Err(error) => return conn.close(Err(error.into())),
         }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.conns.insert(tag, conn);
+        self.advance(tag, None);
     }
 
     fn on_wake(&mut self) {
@@ -629,7 +516,8 @@ impl Loop {
         if self.shared.stop.load(Ordering::SeqCst) && !self.stopping {
             self.begin_stop();
         }
-        for returned in self.mailbox.take() {
+        let returned = std::mem::take(&mut *lock(&self.mailbox.returned));
+        for returned in returned {
             self.on_returned(returned);
         }
     }
@@ -643,81 +531,62 @@ impl Loop {
             Some(op) => self.ring.cancel(op),
             None => self.listener = None,
         }
-        for tag in self.conns.tags() {
-            if let Some(conn) = self.conns.get_mut(tag) {
-                if let Some((op, OpKind::Idle)) = conn.op {
-                    self.ring.cancel(op);
-                }
+        for conn in self.conns.values() {
+            if let Some((op, OpKind::Idle)) = conn.op {
+                self.ring.cancel(op);
             }
         }
-        if self.conns.len > 0 {
-            self.ring.timer(TAG_GRACE, self.shared.shutdown_grace);
+        if !self.conns.is_empty() {
+            self.ring
+                .timer(TAG_GRACE, self.shared.config.base.shutdown_grace);
         }
     }
 
     fn on_grace(&mut self) {
-        if self.conns.len == 0 {
-            return;
-        }
-        shell::grace_over(self.conns.len);
-        for tag in self.conns.tags() {
-            self.drop_conn(tag);
+        if !self.conns.is_empty() {
+            shell::grace_over(self.conns.len());
+            self.drop_all();
         }
     }
 
-    /// Drops a connection without further ado (its operation, if any, is cancelled; a core on
-    /// a blocking thread is dropped when it comes back).
-    fn drop_conn(&mut self, tag: Tag) {
-        if let Some(conn) = self.conns.remove(tag) {
+    /// Drops every connection: operations in flight are cancelled, direct transfers on blocking
+    /// threads stop at once, a core away is dropped when it comes back.
+    fn drop_all(&mut self) {
+        for (_, conn) in self.conns.drain() {
             if let Some((op, _)) = conn.op {
                 self.ring.cancel(op);
             }
-            // A direct transfer on a blocking thread stops at once.
             let _ = conn.stream.shutdown(std::net::Shutdown::Both);
-            if conn.ring_direct {
-                self.ring_direct -= 1;
-            }
-            drop(conn);
         }
+        self.ring_direct = 0;
     }
 
     fn on_returned(&mut self, returned: Returned) {
-        let Returned {
-            tag,
-            core,
-            stop,
-            direct,
-        } = returned;
+        let (tag, stop, direct) = (returned.tag, returned.stop, returned.direct);
         if direct.is_some() {
             self.offloaded_direct -= 1;
         }
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
-        conn.core = Some(core);
+        conn.core = Some(returned.core);
         if conn.ending.is_none() && matches!(stop, Stop::Idle) {
             match direct {
-                None | Some(DirectEnd::Done) | Some(DirectEnd::Declined { writable: true }) => {}
-                Some(DirectEnd::Declined { writable: false }) => conn.buffered_stream = true,
+                None | Some(DirectEnd::Done) => {}
+                Some(DirectEnd::Buffered) => conn.buffered_stream = true,
                 Some(DirectEnd::Stalled) => conn.stalled = true,
-                Some(DirectEnd::Eof) => return self.on_direct_eof(tag),
-                Some(DirectEnd::Io(error)) => {
-                    return self.finish(tag, Err(ConnectionError::Io(error)))
-                }
+                Some(DirectEnd::End(ending)) => return self.finish(tag, ending),
             }
         }
-        if conn.ending.is_some() {
-            if conn.op.is_none() {
-                if let Some(ending) = conn.ending.take() {
-                    self.finish(tag, ending);
-                }
-            }
+        let idle = conn.op.is_none();
+        if let Some(ending) = conn.ending.take_if(|_| idle) {
+            return self.finish(tag, ending);
+        } else if conn.ending.is_some() {
             return;
         }
         match stop {
             Stop::Failed(error) => self.fail(tag, error),
-            // The operation in flight (the previous reply piece being sent, the next data chunk
-            // being received) continues the connection when it completes.
+            // The operation in flight (a reply piece, the next data chunk) continues it.
             stop if conn.op.is_some() => conn.parked = Some(stop),
             stop => self.resume(tag, stop),
         }
@@ -725,24 +594,21 @@ impl Loop {
 
     /// Continues a connection whose core came back, with no operation in flight.
     fn resume(&mut self, tag: Tag, stop: Stop) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         if let Some((buf, result)) = conn.stash.take() {
             if !matches!(stop, Stop::Idle) {
-                return self.fail(
-                    tag,
-                    proto_core::Error::InvalidState("work returned during a streamed write"),
-                );
+                return self.fail(tag, returned_while_streaming());
             }
-            return self.stream_received(tag, buf, result);
+            return self.received(tag, buf, result, true);
         }
         self.advance(tag, not_idle(stop));
     }
 
     /// Drives the connection's core and starts its next socket operation.
     fn advance(&mut self, tag: Tag, first: Option<Stop>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         if std::mem::take(&mut conn.ring_direct) {
@@ -751,77 +617,27 @@ impl Loop {
         let Some(core) = conn.core.as_mut() else {
             return;
         };
-        let stop = match first {
-            Some(stop) => stop,
-            None => {
-                let _entered = conn.span.enter();
-                core.drive(false)
-            }
-        };
-        let fd = conn.stream.as_raw_fd();
+        let stop = first.unwrap_or_else(|| conn.span.in_scope(|| core.drive(false)));
+        let (outbox_empty, reply) = (core.outbox.is_empty(), core.conn.reply_remaining());
         match stop {
             Stop::Failed(error) => return self.fail(tag, error),
-            Stop::SendInPlace => {
-                // The head first, then the data straight from backend memory.
-                if !core.outbox.is_empty() {
-                    return self.send_outbox(tag, AfterSend::Continue, None);
-                }
-                if std::mem::take(&mut conn.stalled) {
-                    let op = self.ring.poll(tag, fd, true);
-                    conn.op = Some((op, OpKind::ReplyReady));
-                    return;
-                }
-                if core.conn.reply_remaining() >= DIRECT_OFFLOAD_BYTES {
-                    if self.ring_direct > 0 && self.offloaded_direct < self.max_offloaded_direct {
-                        return self.offload_direct(tag, true);
-                    }
-                    conn.ring_direct = true;
-                    self.ring_direct += 1;
-                }
-                // The socket is most likely writable: try first, poll only if it is not.
-                self.ready.push_back((tag, OpKind::ReplyReady));
-                return;
-            }
-            Stop::Work(work) => {
-                if core.outbox.is_empty() {
-                    return self.offload(tag, work);
-                }
-                // Responses first: the client may be waiting for them.
-                return self.send_outbox(tag, AfterSend::Offload(work), None);
-            }
-            Stop::Idle => {}
+            // The head first, then the data straight from backend memory.
+            Stop::SendInPlace if outbox_empty => return self.start_direct(tag, true, reply),
+            Stop::SendInPlace | Stop::Idle => {}
+            // Responses first: the client may be waiting for them.
+            work if !outbox_empty => return self.send_outbox(tag, AfterSend::Offload(work), None),
+            work => return self.offload(tag, Job::Work(work)),
         }
-        if !core.outbox.is_empty() {
+        if !outbox_empty {
             return self.send_outbox(tag, AfterSend::Continue, None);
         }
         let remaining = core.conn.stream_remaining();
         if remaining > 0 {
             // Streamed tensor data: finished even during shutdown (the grace period bounds it).
             if core.conn.in_place_capacity() > 0 && !conn.buffered_stream {
-                if std::mem::take(&mut conn.stalled) {
-                    let op = self.ring.poll(tag, fd, false);
-                    conn.op = Some((op, OpKind::StreamReady));
-                    return;
-                }
-                if remaining >= DIRECT_OFFLOAD_BYTES {
-                    if self.ring_direct > 0 && self.offloaded_direct < self.max_offloaded_direct {
-                        return self.offload_direct(tag, false);
-                    }
-                    conn.ring_direct = true;
-                    self.ring_direct += 1;
-                }
-                // Data most likely arrived with the header or since the last receive: try
-                // first, poll only if nothing is there.
-                self.ready.push_back((tag, OpKind::StreamReady));
-                return;
+                return self.start_direct(tag, false, remaining);
             }
-            let want = usize::try_from(remaining)
-                .unwrap_or(usize::MAX)
-                .min(self.shared.stream_chunk);
-            let buf = stream_buffer(&mut conn.held, want);
-            let op = self.ring.recv(tag, fd, buf, want, true);
-            conn.op = Some((op, OpKind::Stream));
-            return;
+            return conn.recv_stream(&mut self.ring, tag, remaining, &self.shared.config);
         }
         conn.held.clear();
         conn.buffered_stream = false;
@@ -829,79 +645,80 @@ impl Loop {
             return self.finish(tag, Ok(Closed::Shutdown));
         }
         let buf = std::mem::take(&mut conn.read_buf);
-        let op = self.ring.recv(tag, fd, buf, READ_SIZE, false);
+        let op = self
+            .ring
+            .recv(tag, conn.stream.as_raw_fd(), buf, READ_SIZE, false);
         conn.op = Some((op, OpKind::Idle));
     }
 
-    /// Hands the core and `work` to a blocking thread. While a data chunk is written to the
-    /// backend there, the next chunk is already being received here.
-    fn offload(&mut self, tag: Tag, work: Work) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+    /// Starts a direct transfer with `left` bytes to go (a reply's with `writable`).
+    fn start_direct(&mut self, tag: Tag, writable: bool, left: u64) {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
-        let Some(mut core) = conn.core.take() else {
-            return;
-        };
-        // During a streamed write the heavy work is a data chunk.
-        let remaining = core.conn.stream_remaining();
-        if matches!(work, Work::Heavy) && remaining > 0 && conn.op.is_none() {
-            let want = usize::try_from(remaining)
-                .unwrap_or(usize::MAX)
-                .min(self.shared.stream_chunk);
-            let fd = conn.stream.as_raw_fd();
-            let buf = stream_buffer(&mut conn.held, want);
-            let op = self.ring.recv(tag, fd, buf, want, true);
-            conn.op = Some((op, OpKind::Stream));
+        if std::mem::take(&mut conn.stalled) {
+            return self.poll_ready(tag, writable);
         }
-        let mailbox = self.mailbox.clone();
-        let span = conn.span.clone();
-        self.shared.pool.execute(move || {
-            let stop = span.in_scope(|| core.run(work));
-            mailbox.deliver(Returned {
-                tag,
-                core,
-                stop,
-                direct: None,
-            });
-        });
+        if left >= DIRECT_OFFLOAD_BYTES {
+            if self.ring_direct > 0 && self.offloaded_direct < self.shared.config.direct_threads {
+                let stream = conn.stream.clone();
+                return self.offload(tag, Job::Direct(stream, writable));
+            }
+            conn.ring_direct = true;
+            self.ring_direct += 1;
+        }
+        // Data most likely came with the header or since the last receive, and a socket
+        // most likely has room: try first, poll only if not.
+        self.ready.push_back((tag, writable));
     }
 
-    /// Runs the direct transfer in progress (a reply's data with `writable`, a streamed write's
-    /// otherwise) on a blocking thread with the core: non-blocking calls, `poll` in between.
-    fn offload_direct(&mut self, tag: Tag, writable: bool) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+    fn poll_ready(&mut self, tag: Tag, writable: bool) {
+        if let Some(conn) = self.conns.get_mut(&tag) {
+            let op = self.ring.poll(tag, conn.stream.as_raw_fd(), writable);
+            conn.op = Some((op, OpKind::Ready(writable)));
+        }
+    }
+
+    /// Hands the core to a blocking thread for `job`. While a data chunk is written to the
+    /// backend there, the next chunk is already being received here.
+    fn offload(&mut self, tag: Tag, job: Job) {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let Some(mut core) = conn.core.take() else {
             return;
         };
-        let stream = conn.stream.clone();
-        let mailbox = self.mailbox.clone();
-        let span = conn.span.clone();
-        self.offloaded_direct += 1;
+        let remaining = core.conn.stream_remaining();
+        match &job {
+            // During a streamed write the heavy work is a data chunk.
+            Job::Work(Stop::Heavy) if remaining > 0 && conn.op.is_none() => {
+                conn.recv_stream(&mut self.ring, tag, remaining, &self.shared.config)
+            }
+            Job::Direct(..) => self.offloaded_direct += 1,
+            Job::Work(_) => {}
+        }
+        let (mailbox, span) = (self.mailbox.clone(), conn.span.clone());
         self.shared.pool.execute(move || {
-            let (stop, end) = span.in_scope(|| direct_blocking(&mut core, &stream, writable));
-            // The ring alone owns the socket again before it sees the core.
-            drop(stream);
+            let (stop, direct) = span.in_scope(|| match job {
+                Job::Work(work) => (core.run(work), None),
+                // The socket's share is dropped here: the ring alone owns it again before it
+                // sees the core.
+                Job::Direct(stream, writable) => {
+                    let (stop, end) = direct_blocking(&mut core, &stream, writable);
+                    (stop, Some(end))
+                }
+            });
             mailbox.deliver(Returned {
                 tag,
                 core,
                 stop,
-                direct: Some(end),
+                direct,
             });
         });
-    }
-
-    fn on_direct_eof(&mut self, tag: Tag) {
-        let Some(core) = self.conns.get_mut(tag).and_then(|conn| conn.core.as_mut()) else {
-            return;
-        };
-        let ending = shell::end_of_input(&mut core.conn);
-        self.finish(tag, ending);
     }
 
     fn send_outbox(&mut self, tag: Tag, after: AfterSend, timeout: Option<Duration>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let Some(core) = conn.core.as_mut() else {
@@ -913,27 +730,18 @@ impl Loop {
         conn.op = Some((op, OpKind::Send));
     }
 
-    fn on_send(&mut self, tag: Tag, mut bufs: Vec<Bytes>, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+    fn on_send(&mut self, tag: Tag, mut bufs: SendQueue, result: io::Result<usize>) {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         conn.op = None;
         let home = conn.core.is_some();
-        if let Some(ending) = conn.ending.take() {
-            if home {
-                return self.finish(tag, ending);
-            }
-            conn.ending = Some(ending);
+        if let Some(ending) = conn.ending.take_if(|_| home) {
+            return self.finish(tag, ending);
+        } else if conn.ending.is_some() {
             return;
         }
-        let result = result.and_then(|sent| {
-            if sent == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero));
-            }
-            advance_bufs(&mut bufs, sent);
-            Ok(())
-        });
-        if let Err(error) = result {
+        if let Err(error) = result.and_then(|sent| bufs.written(sent)) {
             return match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
                 AfterSend::Close(ending) => self.finish(tag, ending),
                 _ if home => self.finish(tag, Err(ConnectionError::Io(error))),
@@ -956,13 +764,13 @@ impl Loop {
         let parked = conn.parked.take().and_then(not_idle);
         match std::mem::replace(&mut conn.after_send, AfterSend::Continue) {
             AfterSend::Continue => self.advance(tag, parked),
-            AfterSend::Offload(work) => self.offload(tag, work),
+            AfterSend::Offload(work) => self.offload(tag, Job::Work(work)),
             AfterSend::Close(ending) => self.finish(tag, ending),
         }
     }
 
     fn on_recv(&mut self, tag: Tag, buf: BytesMut, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let kind = conn.op.take().map(|(_, kind)| kind);
@@ -973,24 +781,16 @@ impl Loop {
         if let Some(ending) = conn.ending.take() {
             return self.finish(tag, ending);
         }
-        if let Some(parked) = conn.parked.take().and_then(not_idle) {
+        if conn.parked.take().and_then(not_idle).is_some() {
             // Only an idle core comes back while the next data chunk is received.
-            drop(parked);
-            return self.fail(
-                tag,
-                proto_core::Error::InvalidState("work returned during a streamed write"),
-            );
+            return self.fail(tag, returned_while_streaming());
         }
-        match kind {
-            Some(OpKind::Stream) => self.stream_received(tag, buf, result),
-            _ => self.idle_received(tag, buf, result),
-        }
+        self.received(tag, buf, result, kind == Some(OpKind::Stream));
     }
 
-    /// A socket polled for a direct transfer is ready: move data straight between it and
-    /// backend memory.
+    /// A socket polled for a direct transfer is ready.
     fn on_ready(&mut self, tag: Tag, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let kind = conn.op.take().map(|(_, kind)| kind);
@@ -1000,94 +800,43 @@ impl Loop {
         if let Err(error) = result {
             return self.finish(tag, Err(ConnectionError::Io(error)));
         }
-        if let Some(kind) = kind {
-            self.transfer(tag, kind);
+        if let Some(OpKind::Ready(writable)) = kind {
+            self.transfer(tag, writable);
         }
     }
 
-    /// One non-blocking transfer straight between the socket and backend memory (for a
-    /// connection with no operation in flight and its core at home); waits for readiness
-    /// through the ring only when the socket had nothing to give or take.
-    fn transfer(&mut self, tag: Tag, kind: OpKind) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+    /// One direct transfer step (for a connection with no operation in flight and its core
+    /// at home); waits for readiness through the ring only when the socket had nothing to give
+    /// or take.
+    fn transfer(&mut self, tag: Tag, writable: bool) {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
-        let Conn {
-            core,
-            stream,
-            buffered_stream,
-            ..
-        } = conn;
-        // A poll is only posted while the core is home, and nothing takes it meanwhile.
-        let Some(core) = core.as_mut() else {
-            return;
-        };
-        let fd = stream.as_raw_fd();
-        let (moved, writable) = match kind {
-            OpKind::StreamReady => match core.receive_direct(stream) {
-                Err(error) => return self.fail(tag, error),
-                Ok(None) => {
-                    *buffered_stream = true;
-                    return self.advance(tag, None);
-                }
-                Ok(Some(Ok(0))) => {
-                    let ending = shell::end_of_input(&mut core.conn);
-                    return self.finish(tag, ending);
-                }
-                Ok(Some(result)) => (result, false),
-            },
-            OpKind::ReplyReady => match core.send_direct(stream) {
-                Err(error) => return self.fail(tag, error),
-                // The backend does not lend its memory: the driver goes piece by piece.
-                Ok(None) => return self.advance(tag, None),
-                Ok(Some(result)) => (result, true),
-            },
-            _ => return,
-        };
-        match moved {
-            Ok(_) => self.advance(tag, None),
-            Err(error) if shell_common::direct::retry(&error) => {
-                let op = self.ring.poll(tag, fd, writable);
-                conn.op = Some((
-                    op,
-                    if writable {
-                        OpKind::ReplyReady
-                    } else {
-                        OpKind::StreamReady
-                    },
-                ));
-            }
-            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
-        }
-    }
-
-    fn idle_received(&mut self, tag: Tag, mut buf: BytesMut, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
-            return;
-        };
+        // A transfer is only queued while the core is home, and nothing takes it meanwhile.
         let Some(core) = conn.core.as_mut() else {
             return;
         };
-        match result {
-            Ok(0) => {
-                let ending = shell::end_of_input(&mut core.conn);
-                self.finish(tag, ending);
-            }
-            Ok(_) => {
-                let data = buf.split().freeze();
-                conn.read_buf = buf;
-                core.conn.handle_input(data);
+        match core.direct(&conn.stream, writable) {
+            Ok(Some(Direct::Moved)) => self.advance(tag, None),
+            Ok(Some(Direct::Declined)) => {
+                // The backend lends no memory: receive into buffers, or the driver sends the
+                // reply piece by piece.
+                conn.buffered_stream |= !writable;
                 self.advance(tag, None);
             }
-            Err(error) if ring::cancelled(&error) && self.stopping => {
-                self.finish(tag, Ok(Closed::Shutdown))
+            Ok(Some(Direct::Eof)) => {
+                let ending = shell::end_of_input(&mut core.conn);
+                self.finish(tag, ending);
             }
-            Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
+            Ok(None) => self.poll_ready(tag, writable),
+            Err(ConnectionError::Protocol(error)) => self.fail(tag, error),
+            Err(error) => self.finish(tag, Err(error)),
         }
     }
 
-    fn stream_received(&mut self, tag: Tag, buf: BytesMut, result: io::Result<usize>) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+    /// A receive into `buf` completed: between messages, or of streamed data (`streamed`).
+    fn received(&mut self, tag: Tag, mut buf: BytesMut, result: io::Result<usize>, streamed: bool) {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
         let Some(core) = conn.core.as_mut() else {
@@ -1098,9 +847,8 @@ impl Loop {
                 let ending = shell::end_of_input(&mut core.conn);
                 self.finish(tag, ending);
             }
-            Ok(_) => {
-                // A short receive (the stream ended, or the kernel stopped early) is handed over
-                // as it is; the next receive asks for the rest.
+            Ok(_) if streamed => {
+                // A short receive is handed over as it is; the next receive asks for the rest.
                 let data = buf.freeze();
                 if conn.held.len() >= HELD_CHUNKS {
                     conn.held.remove(0);
@@ -1109,6 +857,15 @@ impl Loop {
                 core.conn.handle_input(data);
                 self.advance(tag, None);
             }
+            Ok(_) => {
+                let data = buf.split().freeze();
+                conn.read_buf = buf;
+                core.conn.handle_input(data);
+                self.advance(tag, None);
+            }
+            Err(error) if !streamed && ring::cancelled(&error) && self.stopping => {
+                self.finish(tag, Ok(Closed::Shutdown))
+            }
             Err(error) => self.finish(tag, Err(ConnectionError::Io(error))),
         }
     }
@@ -1116,135 +873,75 @@ impl Loop {
     /// The connection failed: responses it already owed still go out (bounded in time), then
     /// it closes.
     fn fail(&mut self, tag: Tag, error: proto_core::Error) {
-        let Some(conn) = self.conns.get_mut(tag) else {
+        let Some(conn) = self.conns.get_mut(&tag) else {
             return;
         };
+        let ending = Err(ConnectionError::Protocol(error));
         if let Some((op, _)) = conn.op {
             self.ring.cancel(op);
-            conn.ending = Some(Err(ConnectionError::Protocol(error)));
-            return;
-        }
-        let owed = conn
+            conn.ending = Some(ending);
+        } else if conn
             .core
             .as_ref()
-            .is_some_and(|core| !core.outbox.is_empty());
-        if owed {
-            self.send_outbox(
-                tag,
-                AfterSend::Close(Err(ConnectionError::Protocol(error))),
-                Some(FINAL_FLUSH_TIMEOUT),
-            );
+            .is_some_and(|core| !core.outbox.is_empty())
+        {
+            self.send_outbox(tag, AfterSend::Close(ending), Some(FINAL_FLUSH_TIMEOUT));
         } else {
-            self.finish(tag, Err(ConnectionError::Protocol(error)));
+            self.finish(tag, ending);
         }
     }
 
-    /// Closes a connection (no operation in flight): its buffers are freed first, then the
-    /// socket is closed, then the ending is logged. A client that held much memory is freed on
-    /// a blocking thread, so the ring's other clients do not wait for it.
+    /// Closes a connection (no operation in flight). A client that held much memory is freed
+    /// on a blocking thread, so the ring's other clients do not wait for it.
     fn finish(&mut self, tag: Tag, ending: Ending) {
-        let Some(conn) = self.conns.remove(tag) else {
+        let Some(conn) = self.conns.remove(&tag) else {
             return;
         };
         if conn.ring_direct {
             self.ring_direct -= 1;
         }
-        let Conn {
-            stream,
-            span,
-            core,
-            slot,
-            ..
-        } = conn;
-        let closing = Closing {
-            core,
-            slot,
-            stream,
-            span,
-            ending,
-        };
-        if !closing.heavy_to_free() {
-            return closing.close();
+        if !conn
+            .core
+            .as_ref()
+            .is_some_and(|core| core.conn.heavy_to_free())
+        {
+            return conn.close(ending);
         }
-        let shared = self.shared.clone();
-        shared.freeing.begin();
+        let freeing = lock(&self.shared.freeing).clone();
         self.shared.pool.execute(move || {
-            closing.close();
-            shared.freeing.end();
+            conn.close(ending);
+            drop(freeing);
         });
     }
 }
 
-/// What is left of a connection that closes.
-struct Closing {
-    core: Option<Box<Core>>,
-    stream: Arc<TcpStream>,
-    slot: ClientSlot,
-    span: tracing::Span,
-    ending: Ending,
-}
-
-impl Closing {
-    /// Whether freeing what the client holds would stall the ring.
-    fn heavy_to_free(&self) -> bool {
-        self.core
-            .as_ref()
-            .is_some_and(|core| core.conn.heavy_to_free())
-    }
-
-    /// Frees the client's buffers, closes the socket, logs the ending.
-    fn close(self) {
-        let Closing {
-            core,
-            stream,
-            slot,
-            span,
-            ending,
-        } = self;
-        drop(core);
-        drop(stream);
-        drop(slot);
-        let _entered = span.enter();
-        shell::log_end(&ending);
-    }
-}
-
-/// A direct transfer on a blocking thread: non-blocking calls straight between `stream` and
-/// backend memory until nothing is left to move directly, waiting with `poll` (at most
-/// [`DIRECT_STALL`] at a time) while the socket is empty (full).
+/// A direct transfer on a blocking thread: non-blocking calls until nothing is left to move
+/// directly, waiting with `poll` (at most [`DIRECT_STALL`] at a time) while the socket is
+/// empty (full).
 fn direct_blocking(core: &mut Core, stream: &TcpStream, writable: bool) -> (Stop, DirectEnd) {
     loop {
-        let moved = if writable {
-            if core.conn.reply_remaining() == 0 {
-                return (Stop::Idle, DirectEnd::Done);
-            }
-            match core.send_direct(stream) {
-                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
-                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
-                Ok(Some(result)) => result,
-            }
+        let left = if writable {
+            core.conn.reply_remaining()
         } else {
-            if core.conn.in_place_capacity() == 0 {
-                return (Stop::Idle, DirectEnd::Done);
-            }
-            match core.receive_direct(stream) {
-                Err(error) => return (Stop::Failed(error), DirectEnd::Done),
-                Ok(None) => return (Stop::Idle, DirectEnd::Declined { writable }),
-                Ok(Some(Ok(0))) => return (Stop::Idle, DirectEnd::Eof),
-                Ok(Some(result)) => result,
-            }
+            core.conn.in_place_capacity()
         };
-        match moved {
-            Ok(_) => {}
-            Err(error) if shell_common::direct::retry(&error) => {
-                match ring::wait_ready(stream, writable, DIRECT_STALL) {
-                    Ok(true) => {}
-                    Ok(false) => return (Stop::Idle, DirectEnd::Stalled),
-                    Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
-                }
-            }
-            Err(error) => return (Stop::Idle, DirectEnd::Io(error)),
+        if left == 0 {
+            return (Stop::Idle, DirectEnd::Done);
         }
+        let end = match core.direct(stream, writable) {
+            Ok(Some(Direct::Moved)) => continue,
+            Ok(Some(Direct::Declined)) if writable => DirectEnd::Done,
+            Ok(Some(Direct::Declined)) => DirectEnd::Buffered,
+            Ok(Some(Direct::Eof)) => DirectEnd::End(shell::end_of_input(&mut core.conn)),
+            Ok(None) => match ring::wait_ready(stream, writable, DIRECT_STALL) {
+                Ok(true) => continue,
+                Ok(false) => DirectEnd::Stalled,
+                Err(error) => DirectEnd::End(Err(error.into())),
+            },
+            Err(ConnectionError::Protocol(error)) => return (Stop::Failed(error), DirectEnd::Done),
+            Err(error) => DirectEnd::End(Err(error)),
+        };
+        return (Stop::Idle, end);
     }
 }
 
@@ -1270,19 +967,6 @@ fn not_idle(stop: Stop) -> Option<Stop> {
     }
 }
 
-/// Drops `sent` bytes from the front of a send queue.
-fn advance_bufs(bufs: &mut Vec<Bytes>, mut sent: usize) {
-    let mut done = 0;
-    for buf in bufs.iter_mut() {
-        if sent == 0 {
-            break;
-        }
-        let step = sent.min(buf.len());
-        buf.advance(step);
-        sent -= step;
-        if buf.is_empty() {
-            done += 1;
-        }
-    }
-    bufs.drain(..done);
+fn returned_while_streaming() -> proto_core::Error {
+    proto_core::Error::InvalidState("work returned during a streamed write")
 }
