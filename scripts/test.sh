@@ -42,9 +42,11 @@ cargo test --workspace --doc
 step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation"
 # Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases), and of
 # every further op the CPU backend implements ("extra"), whose types are all among the
-# supported ones, against llama.cpp's CPU backend; then greedy
+# supported ones, against llama.cpp's CPU backend (b11434); then greedy
 # generation on tiny F32/F16/Q8_0/Q4_0/Q4_K models through our server, the reference server
-# and CPU only, flash attention off and on: identical tokens required.
+# and CPU only, flash attention off and on: identical tokens required, once with b11434's
+# llama-completion (our server --protocol 7) and once with b12032+1's (--protocol 8.0.1),
+# plus the negative check (b12032's client against our --protocol 8.0.0 must fail, naming 8.0.1).
 bash scripts/conformance/test-backend-ops.sh --ops default,fused,extra --scope listed --case-timeout 600
 bash scripts/conformance/e2e.sh --strict
 

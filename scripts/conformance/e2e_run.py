@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end generation check: llama.cpp b11434 against RPC servers and CPU only.
+"""End-to-end generation check: llama.cpp (b11434 or b12032+1) against RPC servers and CPU only.
 
 Driven by scripts/conformance/e2e.sh. For every model and flash-attention setting it runs,
 for each target (cpu = no --rpc; reference = llama.cpp's ggml-rpc-server; ours = our
@@ -70,6 +70,7 @@ def main() -> int:
     ap.add_argument("--no-probe", action="store_true", help="llama-completion text only")
     ap.add_argument("--logdir", default="target/conformance/e2e")
     ap.add_argument("--note", default="", help="printed under the table title (e.g. our server build)")
+    ap.add_argument("--peer", default="b11434", help="the llama.cpp build whose programs run (for the title)")
     args = ap.parse_args()
 
     os.makedirs(args.logdir, exist_ok=True)
@@ -185,7 +186,8 @@ def main() -> int:
         for s in servers.values():
             s.stop()
 
-    print(f"\nend-to-end greedy generation (-n {args.n}, prompt {args.prompt!r}), baseline: {baseline}")
+    print(f"\nend-to-end greedy generation, llama.cpp {args.peer} (-n {args.n}, prompt {args.prompt!r}), "
+          f"baseline: {baseline}")
     if args.note:
         print(args.note)
     others = [t for t in targets if t != baseline]

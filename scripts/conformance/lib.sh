@@ -9,6 +9,9 @@ PEER_BIN="$PEER/bin"
 PEER_LIB="$PEER/lib"
 PEER_INCLUDE="$PEER/include"
 PEER_SRC="$PEER/src"
+PEER_TAG=b11434
+# where conf_build_tools puts the C helpers built against the selected peer
+PEER_BUILD_SUBDIR=""
 # build outputs and logs (git-ignored)
 CONF_OUT="${CONFORMANCE_OUT:-$REPO_ROOT/target/conformance}"
 OUR_SERVER="${GGML_RPC_OUR_SERVER:-$REPO_ROOT/target/release/ggml-rpc-server}"
@@ -16,8 +19,33 @@ OUR_SERVER="${GGML_RPC_OUR_SERVER:-$REPO_ROOT/target/release/ggml-rpc-server}"
 conf_log() { printf '[%s %s] %s\n' "$(basename "$0")" "$(date +%H:%M:%S)" "$*" >&2; }
 conf_die() { printf '[%s] ERROR: %s\n' "$(basename "$0")" "$*" >&2; exit 2; }
 
+# conf_select_peer TAG: point PEER* at another llama.cpp peer that has bin/, lib/ and include/
+# (b11434, the default, or b12032). The C helpers built against it go to
+# $CONF_OUT/build (b11434) or $CONF_OUT/build/TAG (any other peer).
+conf_select_peer() {
+    PEER_TAG=$1
+    PEER="$PEER_ROOT/$PEER_TAG"
+    PEER_BIN="$PEER/bin"
+    PEER_LIB="$PEER/lib"
+    PEER_INCLUDE="$PEER/include"
+    # shellcheck disable=SC2034  # for the scripts that source this file
+    PEER_SRC="$PEER/src"
+    if [ "$PEER_TAG" = b11434 ]; then PEER_BUILD_SUBDIR=""; else PEER_BUILD_SUBDIR="/$PEER_TAG"; fi
+}
+
+# conf_peer_script TAG: the script that installs peer TAG.
+conf_peer_script() {
+    case "$1" in
+        b11434) echo scripts/peer/build-b11434.sh ;;
+        b11739) echo scripts/peer/setup-b11739.sh ;;
+        b12032) echo scripts/peer/build-b12032.sh ;;
+        *) echo "scripts/peer/ (no script for $1)" ;;
+    esac
+}
+
 conf_check_peer() {
-    [ -x "$PEER_BIN/ggml-rpc-server" ] || conf_die "llama.cpp b11434 not found under $PEER (run scripts/peer/build-b11434.sh or set GGML_RPC_PEER_CACHE)"
+    [ -x "$PEER_BIN/ggml-rpc-server" ] && [ -f "$PEER/.complete" ] \
+        || conf_die "llama.cpp $PEER_TAG not found under $PEER (run $(conf_peer_script "$PEER_TAG") or set GGML_RPC_PEER_CACHE)"
 }
 
 # conf_build_our_server: bring target/release/ggml-rpc-server up to date (cargo is a no-op
@@ -76,14 +104,15 @@ conf_kill() {
 }
 
 # conf_build_tools: build the C helpers from tests/conformance into $CONF_OUT/build
-# (only when a source is newer than its output). Sets SHIM, LIST_SHIM, PROBE.
+# (b11434) or $CONF_OUT/build/TAG (other peers, see conf_select_peer), only when a source
+# or the peer's libllama is newer than its output. Sets SHIM, LIST_SHIM, PROBE.
 conf_build_tools() {
-    local build="$CONF_OUT/build" src="$REPO_ROOT/tests/conformance" cc=${CC:-cc}
+    local build="$CONF_OUT/build$PEER_BUILD_SUBDIR" src="$REPO_ROOT/tests/conformance" cc=${CC:-cc}
     mkdir -p "$build"
     SHIM="$build/librpc_shim.so"
     LIST_SHIM="$build/liblist_shim.so"
     PROBE="$build/llama_probe"
-    if [ ! -f "$SHIM" ] || [ "$src/rpc_shim.c" -nt "$SHIM" ]; then
+    if [ ! -f "$SHIM" ] || [ "$src/rpc_shim.c" -nt "$SHIM" ] || [ "$PEER_LIB/libggml-rpc.so" -nt "$SHIM" ]; then
         conf_log "building $SHIM"
         $cc -shared -fPIC -O2 -Wall -Wextra -o "$SHIM" "$src/rpc_shim.c" -I"$PEER_INCLUDE" \
             -L"$PEER_LIB" -lggml-rpc -lggml -lggml-base -Wl,-rpath,"$PEER_LIB" \
@@ -94,7 +123,7 @@ conf_build_tools() {
         $cc -shared -fPIC -O2 -Wall -Wextra -o "$LIST_SHIM" "$src/list_shim.c" -I"$PEER_INCLUDE" \
             || conf_die "building the list shim failed"
     fi
-    if [ ! -f "$PROBE" ] || [ "$src/llama_probe.c" -nt "$PROBE" ]; then
+    if [ ! -f "$PROBE" ] || [ "$src/llama_probe.c" -nt "$PROBE" ] || [ "$PEER_LIB/libllama.so" -nt "$PROBE" ]; then
         conf_log "building $PROBE"
         $cc -O2 -Wall -Wextra -o "$PROBE" "$src/llama_probe.c" -I"$PEER_INCLUDE" \
             -L"$PEER_LIB" -lllama -lggml -lggml-base -Wl,-rpath,"$PEER_LIB" \

@@ -3,7 +3,7 @@
 //! Included by every `tests/tests/interop_*.rs` with `#[path = "../interop/harness.rs"]`.
 //! Everything here has a timeout: no wait can hang a test.
 //!
-//! * locating the peers ([`b11434`], [`b11739`]): a missing peer is a test **failure** with the
+//! * locating the peers ([`b11434`], [`b11739`], [`b12032`]): a missing peer is a test **failure** with the
 //!   script to run, never a skip;
 //! * child processes with a kill-on-drop guard ([`Proc`]) and readiness polling ([`wait_port`]);
 //! * our server in-process ([`OurServer`]) or as the built binary ([`our_server_binary`]);
@@ -102,6 +102,23 @@ pub struct B11739 {
     pub launcher: PathBuf,
 }
 
+/// llama.cpp b12032+1 (protocol 8.0.1, with the multi-rank `COMM_INIT` change and RDMA
+/// compiled in), built from source by `scripts/peer/build-b12032.sh`. No `test-backend-ops`.
+#[derive(Debug, Clone)]
+pub struct B12032 {
+    /// `$ROOT/b12032`.
+    pub dir: PathBuf,
+    /// Its `bin/` (`ggml-rpc-server`, `llama-bench`, `llama-completion`).
+    pub bin: PathBuf,
+}
+
+impl B12032 {
+    /// `bin/ggml-rpc-server`.
+    pub fn rpc_server(&self) -> PathBuf {
+        self.bin.join("ggml-rpc-server")
+    }
+}
+
 fn require(what: &str, script: &str, paths: &[&Path]) {
     let missing: Vec<String> = paths
         .iter()
@@ -169,6 +186,21 @@ pub fn b11739() -> B11739 {
     assert!(
         uid == 0,
         "the llama.cpp b11739 peer (protocol 8) runs in a chroot: run the interop tests as root"
+    );
+    peer
+}
+
+/// Locates b12032, failing the test with the script to run if it is not installed.
+pub fn b12032() -> B12032 {
+    let dir = peer_cache().join("b12032");
+    let peer = B12032 {
+        bin: dir.join("bin"),
+        dir,
+    };
+    require(
+        "b12032+1 (protocol 8.0.1)",
+        "scripts/peer/build-b12032.sh",
+        &[&peer.dir.join(".complete"), &peer.rpc_server()],
     );
     peer
 }
@@ -479,6 +511,39 @@ pub fn start_b11739_server(
             ]);
             if let Some(dir) = cache_in_chroot {
                 command.args(["--cache", dir]);
+            }
+            command
+        },
+    )
+}
+
+/// Starts b12032's `ggml-rpc-server -d CPU` (protocol 8.0.1) on a free port (with `-c` and
+/// `LLAMA_CACHE` when a cache root is given) and waits until it listens. RDMA is compiled in;
+/// `GGML_RPC_NO_RDMA=1` keeps it off so that the session is plain TCP.
+pub fn start_b12032_server(
+    peer: &B12032,
+    logs: &Path,
+    cache_root: Option<&Path>,
+) -> (Proc, SocketAddr) {
+    start_on_free_port(
+        "llama.cpp b12032 ggml-rpc-server",
+        logs,
+        "b12032-server",
+        |port| {
+            let mut command = Command::new(peer.rpc_server());
+            command.args([
+                "-d",
+                "CPU",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                "2",
+            ]);
+            command.env("GGML_RPC_NO_RDMA", "1");
+            if let Some(root) = cache_root {
+                command.arg("-c").env("LLAMA_CACHE", root);
             }
             command
         },

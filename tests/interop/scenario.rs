@@ -494,6 +494,40 @@ pub async fn run(c: &mut Client, options: &Options) -> Res<Facts> {
     facts.insert("mul_mat result".into(), format!("{want:?}"));
     verify(c, &mut ids, &buf, "GRAPH_COMPUTE of MUL_MAT").await?;
 
+    // GRAPH_COMPUTE of a UNARY op (NEG of the MUL_MAT result): UNARY is op 91 in protocol
+    // 7.0.0/8.0.0 and 92 in 8.0.1 (TOP_K_MASK was inserted before it), so this proves that the
+    // client sends the server's numbering (`Client::server_table`)
+    let mut z = tensor(&mut ids, &buf, id::F32, [3, 2, 1, 1], 12_480, "z");
+    z.op = Op::UNARY.0;
+    z.op_params[0] = proto_core::ggml::UnaryOp::NEG.0;
+    z.src[0] = y.id;
+    z.flags = flags::COMPUTE | flags::OUTPUT;
+    let mut y_rec = y.clone();
+    y_rec.op = Op::NONE.0;
+    y_rec.src.fill(0);
+    y_rec.use_count = 1;
+    let graph = GraphComputeRequest {
+        device: 0,
+        uid: 0,
+        node_ids: vec![z.id],
+        tensors: vec![y_rec, z.clone()],
+    };
+    step("GRAPH_COMPUTE (unary neg)", c.graph_compute(&graph)).await?;
+    let neg: Vec<f32> = want.iter().map(|v| -v).collect();
+    buf.model[12_480..12_480 + 24].copy_from_slice(&f32_bytes(&neg));
+    let got = step("GET_TENSOR (neg result)", c.get_tensor(&z, 0, 24)).await?;
+    compare(
+        &got,
+        &f32_bytes(&neg),
+        &format!("UNARY NEG result (want {neg:?})"),
+    )?;
+    facts.insert("unary neg result".into(), format!("{neg:?}"));
+    facts.insert(
+        "unary wire op".into(),
+        format!("{:?}", c.server_table().op_to_wire(Op::UNARY)),
+    );
+    verify(c, &mut ids, &buf, "GRAPH_COMPUTE of UNARY NEG").await?;
+
     // SET_TENSOR_2D / GET_TENSOR_2D (protocol 8)
     if v8 {
         let rows = bytes_tensor(&mut ids, &buf, (3 << 20) + 1_000_000, 64 * 16, "rows");

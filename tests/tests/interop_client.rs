@@ -3,7 +3,9 @@
 //! * protocol 7: llama.cpp b11434's `ggml-rpc-server -d CPU -c` (built by
 //!   `scripts/peer/build-b11434.sh`);
 //! * protocol 8: llama.cpp b11739's server in its Debian 13 chroot (set up by
-//!   `scripts/peer/setup-b11739.sh`), with `--cache`.
+//!   `scripts/peer/setup-b11739.sh`), with `--cache`;
+//! * protocol 8.0.1: llama.cpp b12032+1's `ggml-rpc-server -d CPU -c` (built by
+//!   `scripts/peer/build-b12032.sh`; RDMA compiled in, kept off with `GGML_RPC_NO_RDMA`).
 //!
 //! Each test checks the HELLO version rule both ways (the right major connects, the other is
 //! refused by our client, `connect_auto` lands on the server's major), runs the command
@@ -228,5 +230,66 @@ fn our_client_against_llama_b11739_server_protocol_8() {
         "our server (protocol 8)",
     );
     assert_same_facts(&theirs, &facts, "protocol 8");
+    ours.wait_no_buffers(Duration::from_secs(10));
+}
+
+#[test]
+fn our_client_against_llama_b12032_server_protocol_8_0_1() {
+    let peer = harness::b12032();
+    let logs = tempfile::tempdir().expect("tempdir");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (mut server, addr) = harness::start_b12032_server(&peer, logs.path(), Some(cache.path()));
+    let options = Options {
+        big_sizes: vec![MIB, 64 * MIB, 256 * MIB],
+        server_has_cache: true,
+    };
+    let theirs = exercise(
+        addr,
+        ProtocolVersion::V8_0_1,
+        &options,
+        Some(&mut server),
+        "llama.cpp b12032 ggml-rpc-server",
+    );
+    server.assert_alive("after the scenario");
+    assert_eq!(
+        theirs.get("server version").map(String::as_str),
+        Some("8.0.1"),
+        "b12032's HELLO"
+    );
+    // the graph ops went out in 8.0.1's numbering (UNARY is 92 there, 91 before)
+    assert_eq!(
+        theirs.get("unary wire op").map(String::as_str),
+        Some("Some(92)"),
+        "UNARY's wire id to an 8.0.1 server"
+    );
+    let stored: Vec<String> = std::fs::read_dir(cache.path().join("rpc"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        stored
+            .iter()
+            .any(|n| n.len() == 16 && n.chars().all(|c| c.is_ascii_hexdigit())),
+        "llama.cpp b12032's server did not store the cache_flag=1 upload (files: {stored:?})"
+    );
+    drop(server);
+
+    let ours_cache = tempfile::tempdir().expect("tempdir");
+    let ours = OurServer::start(ProtocolVersion::V8_0_1, Some(ours_cache.path()));
+    let small = Options {
+        big_sizes: vec![MIB],
+        server_has_cache: true,
+    };
+    let facts = exercise(
+        ours.addr,
+        ProtocolVersion::V8_0_1,
+        &small,
+        None,
+        "our server (protocol 8.0.1)",
+    );
+    assert_same_facts(&theirs, &facts, "protocol 8.0.1");
     ours.wait_no_buffers(Duration::from_secs(10));
 }
