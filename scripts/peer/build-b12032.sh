@@ -19,6 +19,7 @@ CRATE_SHA256=814738cddce0c910aa0f5192fd9d3e2ff7e447453e66326dd2f5df7f1375aea3
 CRATE_URL="https://static.crates.io/crates/$CRATE/$CRATE-$CRATE_VERSION.crate"
 EXPECT_VERSION=8.0.1
 DEST="$PEER_ROOT/$TAG"
+# shellcheck disable=SC2034  # read by lib.sh (peer_ninja_build)
 JOBS="${GGML_RPC_PEER_JOBS:-2}"
 REPO_DIR="$(cd "$PEER_SCRIPT_DIR/../.." && pwd)"
 # executables wanted in bin/ (all required). No test-backend-ops: the package has no tests/ and
@@ -50,44 +51,9 @@ seed_diff() {
     return 1
 }
 
-if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then
-    peer_log "already installed: $DEST ($(cat "$DEST/cpu-features"))"
-    print_summary
-    exit 0
-fi
-
-peer_lock "$TAG"
-if [ -f "$DEST/.complete" ] && peer_built_for_this_cpu "$DEST"; then  # finished while we waited
-    peer_log "already installed (by a concurrent run): $DEST"
-    print_summary
-    exit 0
-fi
-if [ -f "$DEST/.complete" ]; then
-    peer_log "cached build was made for other CPU extensions ($(cat "$DEST/cpu-features" 2>/dev/null || echo unknown)); rebuilding for: $(peer_cpu_features)"
-    rm -f "$DEST/.complete"
-fi
-
-t_start=$(date +%s)
-mkdir -p "$DEST"
-WORK="$DEST/work"
-mkdir -p "$WORK"
-
-# --- build tools -----------------------------------------------------------
-TOOLS_VENV="$PEER_ROOT/.buildtools"
-if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
-    if [ ! -x "$TOOLS_VENV/bin/cmake" ] || [ ! -x "$TOOLS_VENV/bin/ninja" ]; then
-        peer_log "installing cmake and ninja from PyPI into $TOOLS_VENV"
-        python3 -m venv "$TOOLS_VENV" || peer_die "python3 -m venv failed"
-        "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            "cmake>=3.28,<5" "ninja>=1.11" || peer_die "pip install cmake ninja failed"
-    fi
-    export PATH="$TOOLS_VENV/bin:$PATH"
-fi
-command -v cmake >/dev/null || peer_die "cmake still not on PATH"
-command -v ninja >/dev/null || peer_die "ninja still not on PATH"
-command -v c++ >/dev/null || command -v g++ >/dev/null || peer_die "no C++ compiler (apt-get install -y build-essential)"
+peer_begin
+peer_build_tools
 command -v patch >/dev/null || peer_die "patch not found (apt-get install -y patch)"
-peer_log "cmake: $(cmake --version | head -1); ninja: $(ninja --version)"
 
 # --- RDMA: GGML_RPC_RDMA=ON needs libibverbs (library + <infiniband/verbs.h>) -------------
 # ggml/src/ggml-rpc/CMakeLists.txt does find_library(ibverbs REQUIRED) and transport.cpp
@@ -156,98 +122,30 @@ if [ ! -f "$SRC/.extracted" ]; then
 fi
 
 # --- configure -------------------------------------------------------------
+# The tree has no tests/, examples/ or app/, so those are off (the server also needs tools/ui,
+# which is absent).
 BUILD="$WORK/build"
-t0=$(date +%s)
-# Every extension this CPU reports, as GGML_NATIVE would pick, but never AMX (advertised by
-# some CI CPUs, then faulting with SIGILL): see peer_isa_cmake_args. The tree has no tests/,
-# examples/ or app/, so those are off (the server also needs tools/ui, which is absent).
-# shellcheck disable=SC2046,SC2016  # word-split ISA args; $ORIGIN is literal
-cmake -S "$SRC" -B "$BUILD" -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
-    '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;$ORIGIN' \
-    -DGGML_RPC=ON \
-    -DGGML_RPC_RDMA=ON \
-    -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF \
-    $(peer_isa_cmake_args) \
-    > "$WORK/configure.log" 2>&1 \
-    || { tail -40 "$WORK/configure.log" >&2; peer_die "cmake configure failed (log: $WORK/configure.log)"; }
+peer_configure "$SRC" "$BUILD" -DGGML_RPC_RDMA=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
 grep -q 'RDMA transport enabled' "$WORK/configure.log" \
     || { grep -i rdma "$WORK/configure.log" >&2 || true; peer_die "configure did not enable the RDMA transport"; }
-peer_log "configured in $(( $(date +%s) - t0 ))s (RDMA on) for CPU extensions: $(peer_cpu_features)"
+peer_log "RDMA transport enabled"
 
 # --- build only what we need ----------------------------------------------
-ninja -C "$BUILD" -t targets all > "$WORK/targets.txt"
-has_target() { grep -q "^$1: " "$WORK/targets.txt"; }
-targets=()
-for t in "${REQUIRED_BINS[@]}" "${LIBS[@]}"; do
-    has_target "$t" || peer_die "ninja target $t missing in this build"
-    targets+=("$t")
-done
-t0=$(date +%s)
-peer_log "building ${targets[*]} with -j$JOBS (several minutes on 2 cores; log: $WORK/build.log)"
-ninja -C "$BUILD" -j "$JOBS" "${targets[@]}" > "$WORK/build.log" 2>&1 \
-    || { tail -40 "$WORK/build.log" >&2; peer_die "ninja build failed (log: $WORK/build.log)"; }
-peer_log "built in $(( $(date +%s) - t0 ))s"
-
-# --- install bin/ lib/ include/ ---------------------------------------------
-rm -rf "${DEST:?}/bin" "${DEST:?}/lib" "${DEST:?}/include"
-mkdir -p "$DEST/bin" "$DEST/lib" "$DEST/include"
+peer_ninja_build "$BUILD" "${REQUIRED_BINS[@]}" "${LIBS[@]}"
+peer_install "$BUILD" "$SRC" "${REQUIRED_BINS[@]}"
 for t in "${REQUIRED_BINS[@]}"; do
-    [ -f "$BUILD/bin/$t" ] || peer_die "$BUILD/bin/$t not produced"
-    cp -a "$BUILD/bin/$t" "$DEST/bin/"
-done
-# shared libraries land in build/bin (CMAKE_LIBRARY_OUTPUT_DIRECTORY); keep symlinks
-find "$BUILD/bin" -maxdepth 1 -name 'lib*.so*' -exec cp -a {} "$DEST/lib/" \;
-ls "$DEST"/lib/libggml-rpc.so* >/dev/null 2>&1 || peer_die "libggml-rpc.so not produced"
-cp -a "$SRC"/ggml/include/*.h "$DEST/include/"
-cp -a "$SRC"/include/*.h "$DEST/include/"
-
-# every binary must resolve its libraries through its RUNPATH alone
-for b in "$DEST"/bin/*; do
-    if env -u LD_LIBRARY_PATH ldd "$b" | grep -q 'not found'; then
-        env -u LD_LIBRARY_PATH ldd "$b" >&2
-        peer_die "$b has unresolved shared libraries"
-    fi
+    [ -f "$DEST/bin/$t" ] || peer_die "$BUILD/bin/$t not produced"
 done
 env -u LD_LIBRARY_PATH ldd "$DEST"/lib/libggml-rpc.so | grep -q 'libibverbs' \
     || peer_die "libggml-rpc.so is not linked against libibverbs (RDMA not built in)"
-
-cat > "$DEST/env.sh" <<EOF
-# generated by scripts/peer/build-b12032.sh
-export LLAMA_B12032_DIR="$DEST"
-export LLAMA_B12032_BIN="$DEST/bin"
-export LLAMA_B12032_LIB="$DEST/lib"
-export LLAMA_B12032_INCLUDE="$DEST/include"
-export LLAMA_B12032_SRC="$DEST/src"
-EOF
 
 # --- smoke test: the tools start, HELLO answers exactly 8.0.1 ------------------
 for b in llama-bench llama-completion; do
     "$DEST/bin/$b" --help > "$WORK/smoke-$b.log" 2>&1 \
         || { tail -20 "$WORK/smoke-$b.log" >&2; peer_die "$b --help failed"; }
 done
-port=$(peer_free_port)
-"$DEST/bin/ggml-rpc-server" --host 127.0.0.1 --port "$port" > "$WORK/smoke-server.log" 2>&1 &
-server_pid=$!
-trap 'peer_kill "${server_pid:-}"' EXIT
-if ! hello_out=$(python3 "$PEER_SCRIPT_DIR/rpc_hello.py" 127.0.0.1 "$port" --expect-version "$EXPECT_VERSION" --wait 30); then
-    cat "$WORK/smoke-server.log" >&2
-    peer_die "b12032 ggml-rpc-server did not answer HELLO with $EXPECT_VERSION"
-fi
+peer_smoke_hello --expect-version "$EXPECT_VERSION"
 grep -q 'RDMA auto-negotiate enabled' "$WORK/smoke-server.log" \
     || { cat "$WORK/smoke-server.log" >&2; peer_die "ggml-rpc-server does not report the RDMA transport"; }
-peer_kill "$server_pid"; server_pid=""
-trap - EXIT
-peer_log "smoke test ok on port $port: $hello_out"
-
-peer_cpu_features > "$DEST/cpu-features"
-date -u +%Y-%m-%dT%H:%M:%SZ > "$DEST/.complete"
-peer_log "installed $TAG in $(( $(date +%s) - t_start ))s: $DEST"
-ls "$DEST/bin" >&2
-print_summary
+peer_finish

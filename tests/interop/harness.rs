@@ -453,19 +453,41 @@ pub fn run_with_timeout(
 // ---------------------------------------------------------------------------------------------
 // Reference servers
 
-/// Starts b11434's `ggml-rpc-server -d CPU` on a free port (with `-c` and `LLAMA_CACHE` when a
-/// cache root is given) and waits until it listens.
+/// Starts b11434's `ggml-rpc-server` (protocol 7) as [`start_llama_server`] does.
 pub fn start_b11434_server(
     peer: &B11434,
     logs: &Path,
     cache_root: Option<&Path>,
 ) -> (Proc, SocketAddr) {
+    start_llama_server(&peer.rpc_server(), "b11434", logs, cache_root)
+}
+
+/// Starts b12032's `ggml-rpc-server` (protocol 8.0.1, RDMA compiled in) as
+/// [`start_llama_server`] does.
+pub fn start_b12032_server(
+    peer: &B12032,
+    logs: &Path,
+    cache_root: Option<&Path>,
+) -> (Proc, SocketAddr) {
+    start_llama_server(&peer.rpc_server(), "b12032", logs, cache_root)
+}
+
+/// Starts a llama.cpp `ggml-rpc-server -d CPU -t 2` built from source (`build` names it in
+/// messages and logs) on a free port, with `-c` and `LLAMA_CACHE` when a cache root is given,
+/// and waits until it listens. `GGML_RPC_NO_RDMA=1` keeps a build with RDMA on plain TCP, even
+/// on a host that has RDMA: the interop runs over TCP.
+fn start_llama_server(
+    binary: &Path,
+    build: &str,
+    logs: &Path,
+    cache_root: Option<&Path>,
+) -> (Proc, SocketAddr) {
     start_on_free_port(
-        "llama.cpp b11434 ggml-rpc-server",
+        &format!("llama.cpp {build} ggml-rpc-server"),
         logs,
-        "b11434-server",
+        &format!("{build}-server"),
         |port| {
-            let mut command = Command::new(peer.rpc_server());
+            let mut command = Command::new(binary);
             command.args([
                 "-d",
                 "CPU",
@@ -476,7 +498,6 @@ pub fn start_b11434_server(
                 "-t",
                 "2",
             ]);
-            // Never negotiate RDMA, even on a host that has it: the interop runs over TCP.
             command.env("GGML_RPC_NO_RDMA", "1");
             if let Some(root) = cache_root {
                 command.arg("-c").env("LLAMA_CACHE", root);
@@ -511,39 +532,6 @@ pub fn start_b11739_server(
             ]);
             if let Some(dir) = cache_in_chroot {
                 command.args(["--cache", dir]);
-            }
-            command
-        },
-    )
-}
-
-/// Starts b12032's `ggml-rpc-server -d CPU` (protocol 8.0.1) on a free port (with `-c` and
-/// `LLAMA_CACHE` when a cache root is given) and waits until it listens. RDMA is compiled in;
-/// `GGML_RPC_NO_RDMA=1` keeps it off so that the session is plain TCP.
-pub fn start_b12032_server(
-    peer: &B12032,
-    logs: &Path,
-    cache_root: Option<&Path>,
-) -> (Proc, SocketAddr) {
-    start_on_free_port(
-        "llama.cpp b12032 ggml-rpc-server",
-        logs,
-        "b12032-server",
-        |port| {
-            let mut command = Command::new(peer.rpc_server());
-            command.args([
-                "-d",
-                "CPU",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                "2",
-            ]);
-            command.env("GGML_RPC_NO_RDMA", "1");
-            if let Some(root) = cache_root {
-                command.arg("-c").env("LLAMA_CACHE", root);
             }
             command
         },

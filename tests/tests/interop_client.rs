@@ -149,38 +149,11 @@ fn our_client_against_llama_b11434_server_protocol_7() {
         "llama.cpp b11434 ggml-rpc-server",
     );
     server.assert_alive("after the scenario");
-    // the reference stored the SET_TENSOR with cache_flag 1 as <hash as 16 hex digits>
-    let stored: Vec<String> = std::fs::read_dir(cache.path().join("rpc"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(
-        stored
-            .iter()
-            .any(|n| n.len() == 16 && n.chars().all(|c| c.is_ascii_hexdigit())),
-        "llama.cpp's server did not store the cache_flag=1 upload (files: {stored:?})"
-    );
+    assert_cache_stored(&cache.path().join("rpc"), "llama.cpp b11434");
     drop(server);
 
     // the same scenario against our server: same answers
-    let ours_cache = tempfile::tempdir().expect("tempdir");
-    let ours = OurServer::start(ProtocolVersion::V7_0_0, Some(ours_cache.path()));
-    let small = Options {
-        big_sizes: vec![MIB],
-        server_has_cache: true,
-    };
-    let facts = exercise(
-        ours.addr,
-        ProtocolVersion::V7_0_0,
-        &small,
-        None,
-        "our server (protocol 7)",
-    );
-    assert_same_facts(&theirs, &facts, "protocol 7");
-    ours.wait_no_buffers(Duration::from_secs(10));
+    same_answers_from_our_server(&theirs, ProtocolVersion::V7_0_0);
 }
 
 #[test]
@@ -216,21 +189,7 @@ fn our_client_against_llama_b11739_server_protocol_8() {
     server.assert_alive("after the scenario");
     drop(server);
 
-    let ours_cache = tempfile::tempdir().expect("tempdir");
-    let ours = OurServer::start(ProtocolVersion::V8_0_0, Some(ours_cache.path()));
-    let small = Options {
-        big_sizes: vec![MIB],
-        server_has_cache: true,
-    };
-    let facts = exercise(
-        ours.addr,
-        ProtocolVersion::V8_0_0,
-        &small,
-        None,
-        "our server (protocol 8)",
-    );
-    assert_same_facts(&theirs, &facts, "protocol 8");
-    ours.wait_no_buffers(Duration::from_secs(10));
+    same_answers_from_our_server(&theirs, ProtocolVersion::V8_0_0);
 }
 
 #[test]
@@ -262,7 +221,15 @@ fn our_client_against_llama_b12032_server_protocol_8_0_1() {
         Some("Some(92)"),
         "UNARY's wire id to an 8.0.1 server"
     );
-    let stored: Vec<String> = std::fs::read_dir(cache.path().join("rpc"))
+    assert_cache_stored(&cache.path().join("rpc"), "llama.cpp b12032");
+    drop(server);
+
+    same_answers_from_our_server(&theirs, ProtocolVersion::V8_0_1);
+}
+
+/// The reference stored the SET_TENSOR with cache_flag 1 as `<hash as 16 hex digits>` in `dir`.
+fn assert_cache_stored(dir: &std::path::Path, who: &str) {
+    let stored: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -273,23 +240,26 @@ fn our_client_against_llama_b12032_server_protocol_8_0_1() {
         stored
             .iter()
             .any(|n| n.len() == 16 && n.chars().all(|c| c.is_ascii_hexdigit())),
-        "llama.cpp b12032's server did not store the cache_flag=1 upload (files: {stored:?})"
+        "{who}'s server did not store the cache_flag=1 upload (files: {stored:?})"
     );
-    drop(server);
+}
 
+/// The same scenario against our server speaking `version` (with a cache, 1 MiB transfers
+/// only): the same answers as `theirs`, and every buffer freed afterwards.
+fn same_answers_from_our_server(theirs: &Facts, version: ProtocolVersion) {
     let ours_cache = tempfile::tempdir().expect("tempdir");
-    let ours = OurServer::start(ProtocolVersion::V8_0_1, Some(ours_cache.path()));
+    let ours = OurServer::start(version, Some(ours_cache.path()));
     let small = Options {
         big_sizes: vec![MIB],
         server_has_cache: true,
     };
     let facts = exercise(
         ours.addr,
-        ProtocolVersion::V8_0_1,
+        version,
         &small,
         None,
-        "our server (protocol 8.0.1)",
+        &format!("our server (protocol {version})"),
     );
-    assert_same_facts(&theirs, &facts, "protocol 8.0.1");
+    assert_same_facts(theirs, &facts, &format!("protocol {version}"));
     ours.wait_no_buffers(Duration::from_secs(10));
 }
