@@ -425,10 +425,18 @@ fn is_quantized(type_id: u32) -> bool {
     type_info(type_id).is_some_and(|info| info.block_size > 1)
 }
 
-/// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type the quant
-/// module dequantizes).
+/// ggml-cpu's `ggml_is_quantized(t) || t == GGML_TYPE_F8_E4M3`: the types its kernels read
+/// through `to_float` / `vec_dot` and write through `from_float` rather than as plain
+/// numbers. F8_E4M3 (8.0.1) is not "quantized" in ggml's sense but takes the quantized paths
+/// of DUP / CPY, GET_ROWS, SET_ROWS, MUL_MAT and FLASH_ATTN_EXT.
+fn is_encoded(type_id: u32) -> bool {
+    is_quantized(type_id) || type_id == ty::F8_E4M3
+}
+
+/// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type — or
+/// F8_E4M3 — the quant module dequantizes).
 fn readable(type_id: u32) -> bool {
-    Scalar::numeric(type_id).is_some() || (is_quantized(type_id) && quant::supports(type_id))
+    Scalar::numeric(type_id).is_some() || (is_encoded(type_id) && quant::supports(type_id))
 }
 
 /// How a source relates to the destination's bytes.
