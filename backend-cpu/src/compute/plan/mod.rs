@@ -40,6 +40,7 @@ mod conv;
 mod copy;
 mod deepseek;
 mod elementwise;
+mod mask;
 mod mul_mat;
 mod norm;
 mod optim;
@@ -333,6 +334,9 @@ pub(crate) enum Kernel {
     /// DSV4_HC_POST: each token's layer output spread back over the streams (`x * post`),
     /// plus the residual streams mixed by `comb` (or kept as they are without it).
     HcPost,
+    /// TOP_K_MASK (8.0.1): each row −∞ but the (broadcast) mask's cells of the row's picks
+    /// (through scores and blocks when present) and extra cells.
+    TopKMask,
 }
 
 /// The buffers holding the bytes of computed nodes and their sources, ascending, each once:
@@ -697,6 +701,7 @@ impl Checker<'_> {
             Op::DSV4_HC_COMB => self.hc_comb(dst),
             Op::DSV4_HC_PRE => self.hc_pre(dst),
             Op::DSV4_HC_POST => self.hc_post(dst),
+            Op::TOP_K_MASK => self.top_k_mask(dst),
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }

@@ -444,5 +444,6 @@ mod gdn;
 mod mul_mat;
 mod refusals;
 mod ssm;
+mod top_k_mask;
 mod train;
 mod vision;
