@@ -380,8 +380,21 @@ impl<'a> SrcView<'a> {
                 }
             }
             Ok(())
-        } else {
+        } else if l.dense_rows() {
             quant::dequantize_row(l.type_id, self.row(idx), out)
+        } else {
+            // one-element blocks (F8_E4M3) may be strided: element by element (the plan
+            // refuses strided blocks of more than one element)
+            let start = l.row_offset(idx);
+            for (i0, o) in out.iter_mut().enumerate() {
+                let at = start + i0 * l.nb[0];
+                quant::dequantize_row(
+                    l.type_id,
+                    &self.bytes[at..at + l.type_size],
+                    std::slice::from_mut(o),
+                )?;
+            }
+            Ok(())
         }
     }
 }

@@ -56,6 +56,7 @@ mod rwkv;
 mod scan;
 mod softmax;
 mod ssm;
+mod top_k_mask;
 mod unary;
 mod window;
 
@@ -178,6 +179,7 @@ pub(crate) fn execute(
         Kernel::HcComb { eps, iterations } => deepseek::hc_comb(&node, dst, eps, iterations),
         Kernel::HcPre { scale, gated } => deepseek::hc_pre(&node, dst, scale, gated),
         Kernel::HcPost => deepseek::hc_post(&node, dst),
+        Kernel::TopKMask => top_k_mask::top_k_mask(&node, dst),
     }
 }
 

@@ -16,8 +16,8 @@ impl Checker<'_> {
         let (from, to) = (a.type_id, dst.type_id);
         let supported = from == to
             || (Scalar::numeric(from).is_some() && Scalar::numeric(to).is_some())
-            || (Scalar::float(from).is_some() && is_quantized(to) && quant::can_quantize(to))
-            || (is_quantized(from) && quant::supports(from) && Scalar::float(to).is_some());
+            || (Scalar::float(from).is_some() && is_encoded(to) && quant::can_quantize(to))
+            || (is_encoded(from) && quant::supports(from) && Scalar::float(to).is_some());
         if !supported {
             return Err(self.refuse("copy between these types is not supported"));
         }
@@ -59,7 +59,7 @@ impl Checker<'_> {
         if !is_float(&a) {
             return Err(self.refuse("SET_ROWS takes F32, F16 or BF16 rows"));
         }
-        if !(is_float(dst) || (is_quantized(dst.type_id) && quant::can_quantize(dst.type_id))) {
+        if !(is_float(dst) || (is_encoded(dst.type_id) && quant::can_quantize(dst.type_id))) {
             return Err(self.refuse("SET_ROWS into this type is not supported"));
         }
         let shapes = dst.ne[0] == a.ne[0]
@@ -135,7 +135,8 @@ impl Checker<'_> {
     /// REPEAT.
     pub(super) fn repeat(&self, dst: &Layout) -> Result<Planned> {
         let a = self.need(0)?;
-        if a.type_id != dst.type_id || a.block != 1 {
+        // ggml-cpu's REPEAT aborts for F8_E4M3 (no case for it)
+        if a.type_id != dst.type_id || a.block != 1 || a.type_id == ty::F8_E4M3 {
             return Err(self.refuse("REPEAT keeps one plain type"));
         }
         self.repeats(&a, dst, "src0 does not repeat into the destination")?;

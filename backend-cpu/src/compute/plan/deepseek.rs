@@ -27,7 +27,7 @@ impl Checker<'_> {
                 "LIGHTNING_INDEXER takes F32 queries and weights, an F16 mask, and gives F32",
             ));
         }
-        if !(is_float(&k) || (is_quantized(k.type_id) && quant::supports(k.type_id))) {
+        if !(is_float(&k) || (is_encoded(k.type_id) && quant::supports(k.type_id))) {
             return Err(self.refuse("LIGHTNING_INDEXER keys of this type are not supported"));
         }
         let [width, heads, tokens, streams] = q.ne;

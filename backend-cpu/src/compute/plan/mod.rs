@@ -40,6 +40,7 @@ mod conv;
 mod copy;
 mod deepseek;
 mod elementwise;
+mod mask;
 mod mul_mat;
 mod norm;
 mod optim;
@@ -333,6 +334,9 @@ pub(crate) enum Kernel {
     /// DSV4_HC_POST: each token's layer output spread back over the streams (`x * post`),
     /// plus the residual streams mixed by `comb` (or kept as they are without it).
     HcPost,
+    /// TOP_K_MASK (8.0.1): each row −∞ but the (broadcast) mask's cells of the row's picks
+    /// (through scores and blocks when present) and extra cells.
+    TopKMask,
 }
 
 /// The buffers holding the bytes of computed nodes and their sources, ascending, each once:
@@ -425,10 +429,18 @@ fn is_quantized(type_id: u32) -> bool {
     type_info(type_id).is_some_and(|info| info.block_size > 1)
 }
 
-/// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type the quant
-/// module dequantizes).
+/// ggml-cpu's `ggml_is_quantized(t) || t == GGML_TYPE_F8_E4M3`: the types its kernels read
+/// through `to_float` / `vec_dot` and write through `from_float` rather than as plain
+/// numbers. F8_E4M3 (8.0.1) is not "quantized" in ggml's sense but takes the quantized paths
+/// of DUP / CPY, GET_ROWS, SET_ROWS, MUL_MAT and FLASH_ATTN_EXT.
+fn is_encoded(type_id: u32) -> bool {
+    is_quantized(type_id) || type_id == ty::F8_E4M3
+}
+
+/// Whether rows of `type_id` can be read as f32 (plain numeric, or a quantized type — or
+/// F8_E4M3 — the quant module dequantizes).
 fn readable(type_id: u32) -> bool {
-    Scalar::numeric(type_id).is_some() || (is_quantized(type_id) && quant::supports(type_id))
+    Scalar::numeric(type_id).is_some() || (is_encoded(type_id) && quant::supports(type_id))
 }
 
 /// How a source relates to the destination's bytes.
@@ -689,6 +701,7 @@ impl Checker<'_> {
             Op::DSV4_HC_COMB => self.hc_comb(dst),
             Op::DSV4_HC_PRE => self.hc_pre(dst),
             Op::DSV4_HC_POST => self.hc_post(dst),
+            Op::TOP_K_MASK => self.top_k_mask(dst),
             _ => Err(self.refuse(NOT_IMPLEMENTED)),
         }
     }

@@ -9,7 +9,7 @@ impl Checker<'_> {
         if is_float(w) {
             return Ok(());
         }
-        let vdt = if is_quantized(w.type_id) && quant::supports(w.type_id) {
+        let vdt = if is_encoded(w.type_id) && quant::supports(w.type_id) {
             quant::vec_dot_type(w.type_id)
         } else {
             None
@@ -17,11 +17,25 @@ impl Checker<'_> {
         let Some(vdt) = vdt.filter(|&t| quant::can_quantize(t)) else {
             return Err(self.refuse("weights of this type are not supported"));
         };
+        // ggml-cpu asserts `nb00 == type_size`; the plan already holds quantized blocks to
+        // it, one-byte F8_E4M3 elements could be strided
+        if !w.dense_rows() {
+            return Err(self.bad("weights of this type must be packed along ne[0]"));
+        }
         let block = type_info(vdt).map_or(0, |i| i.block_size as usize);
         if block == 0 || !k.is_multiple_of(block) {
             return Err(self.bad(format!(
                 "ne[0] = {k} is not a multiple of the activation block"
             )));
+        }
+        Ok(())
+    }
+
+    /// F8_E4M3 weights take F32 activations (their `vec_dot_type`) or BF16 ones (widened to
+    /// F32), as ggml-cpu's `supports_op`; its kernel would read F16 activations as F32.
+    fn check_f8_activations(&self, w: &Layout, x: &Layout) -> Result<()> {
+        if w.type_id == ty::F8_E4M3 && x.type_id != ty::F32 && x.type_id != ty::BF16 {
+            return Err(self.refuse("F8_E4M3 weights take F32 or BF16 activations"));
         }
         Ok(())
     }
@@ -32,6 +46,7 @@ impl Checker<'_> {
             return Err(self.refuse("MUL_MAT takes float activations and gives F32"));
         }
         self.check_weights(&w, w.ne[0])?;
+        self.check_f8_activations(&w, &x)?;
         let shapes = w.ne[0] == x.ne[0]
             && w.ne[2] > 0
             && w.ne[3] > 0
@@ -57,6 +72,7 @@ impl Checker<'_> {
             return Err(self.bad("expert ids must be I32"));
         }
         self.check_weights(&w, w.ne[0])?;
+        self.check_f8_activations(&w, &x)?;
         let shapes = w.ne[0] == x.ne[0]
             && w.ne[3] == 1
             && x.ne[3] == 1
@@ -82,6 +98,8 @@ impl Checker<'_> {
     /// F32 `{m, n, ne2·r2, ne3·r3}`. ggml-cpu takes F32 `b`, and F32 `a` (broadcast over the
     /// last two dimensions) or F16 / quantized `a` (without broadcast); rows of `a` and of the
     /// destination are packed along dimension 0, `b` may have any strides (a transposed `b`).
+    /// F8_E4M3 `a` is refused: ggml-cpu's kernel has a case for it, but its `supports_op`
+    /// (`ggml_is_quantized`, false for F8_E4M3) refuses it.
     pub(super) fn out_prod(&self, dst: &Layout) -> Result<Planned> {
         let (a, b) = (self.need(0)?, self.need(1)?);
         if b.type_id != ty::F32 || dst.type_id != ty::F32 {

@@ -14,7 +14,9 @@ use std::sync::LazyLock;
 
 use proto_core::ggml::{type_info, TYPE_COUNT};
 
-use super::{fp4, iq1, iq2, iq3, iq4_nl, iq4_xs, k_quantize, q1_q2, q4, q5, q8, simd, ternary};
+use super::{
+    fp4, fp8, iq1, iq2, iq3, iq4_nl, iq4_xs, k_quantize, q1_q2, q4, q5, q8, simd, ternary,
+};
 
 /// Dequantizes whole blocks: `dst.len()` elements from the prefix of `src` they take.
 pub type Dequantize = fn(&[u8], &mut [f32]);
@@ -284,6 +286,15 @@ static SPECS: &[Spec] = &[
         q1_q2::dequantize_q2_0,
         q1_q2::quantize_q2_0_ref,
         q1_q2::vec_dot_q2_0_q8_0,
+    ),
+    // 8.0.1 (b12032+1): one byte per element, not a "quantized" type in ggml's sense, but
+    // ggml-cpu's row has the same shape (`from_float`, `vec_dot` with F32 activations).
+    quantized_by_ref(
+        "f8_e4m3",
+        "f32",
+        fp8::dequantize_f8_e4m3,
+        fp8::quantize_f8_e4m3,
+        fp8::vec_dot_f8_e4m3_f32,
     ),
 ];
 

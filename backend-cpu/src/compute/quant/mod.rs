@@ -32,7 +32,7 @@
 //! Module layout: `format.rs` (the per-type table), `float.rs` (F32, F16, BF16), `q4.rs`
 //! (Q4_0, Q4_1), `q5.rs` (Q5_0, Q5_1), `q8.rs` (Q8_0, Q8_1, Q8_K), `k_quants.rs` (Q2_K..Q6_K),
 //! `k_quantize.rs` (their reference quantizers), `iq4_nl.rs` (IQ4_NL), `iq4_xs.rs` (IQ4_XS),
-//! `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs`
+//! `fp4.rs` (MXFP4, NVFP4), `fp8.rs` (F8_E4M3), `ternary.rs` (TQ1_0, TQ2_0), `q1_q2.rs` (Q1_0, Q2_0), `iq2.rs`
 //! (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq1.rs` (IQ1_S, IQ1_M) (these eight
 //! portable code only; the grid formats' tables are generated into `iq_grids.rs`), `scan.rs`
 //! (SOFT_MAX's row maximum and masked runs), `simd/` (run-time dispatch, one file per x86
@@ -42,6 +42,8 @@ mod float;
 // The per-type table: block geometry, kernels, vec_dot_type.
 mod format;
 mod fp4;
+// F8_E4M3 (8.0.1): conversions, row kernels and the dot product with F32.
+mod fp8;
 mod iq1;
 mod iq2;
 mod iq3;
@@ -73,6 +75,8 @@ pub use tiles::{
 #[cfg(test)]
 pub(crate) use format::id;
 pub use format::{format, type_id, Format, RowDot};
+#[cfg(test)]
+pub(crate) use fp8::{f32_to_f8_e4m3, f8_e4m3_to_f32};
 // Kernels forced past the run-time choice, for the tile benchmarks (`benches/tiles.rs`).
 pub use simd::{
     dot_float_row1_variant, dot_tile_variant, dot_tile_vl1_variant, dot_tile_zmm_variant,

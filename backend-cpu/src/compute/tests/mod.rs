@@ -71,6 +71,7 @@ pub(super) fn stored(type_id: u32, values: &[f32]) -> Vec<f32> {
             ty::F16 => f16_to_f32(f32_to_f16(v)),
             ty::BF16 => bf16_to_f32(f32_to_bf16(v)),
             ty::I32 => v as i32 as f32,
+            ty::F8_E4M3 => quant::f8_e4m3_to_f32(quant::f32_to_f8_e4m3(v)),
             _ => v,
         })
         .collect()
@@ -84,6 +85,7 @@ fn encode_values(type_id: u32, values: &[f32]) -> Vec<u8> {
             ty::F16 => out.extend_from_slice(&f32_to_f16(v).to_le_bytes()),
             ty::BF16 => out.extend_from_slice(&f32_to_bf16(v).to_le_bytes()),
             ty::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+            ty::F8_E4M3 => out.push(quant::f32_to_f8_e4m3(v)),
             other => panic!("cannot encode type {other}"),
         }
     }
@@ -335,6 +337,7 @@ impl G {
                             ty::F16 => f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
                             ty::BF16 => bf16_to_f32(u16::from_le_bytes([b[0], b[1]])),
                             ty::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
+                            ty::F8_E4M3 => quant::f8_e4m3_to_f32(b[0]),
                             other => panic!("cannot read type {other}"),
                         });
                     }
@@ -436,9 +439,11 @@ mod attention;
 mod copies;
 mod dsv4;
 mod elementwise;
+mod fp8;
 mod gdn;
 mod mul_mat;
 mod refusals;
 mod ssm;
+mod top_k_mask;
 mod train;
 mod vision;

@@ -17,11 +17,12 @@ fn block_layout(t: u32) -> Option<(usize, usize)> {
 }
 
 /// Every type with a `to_float` here.
-fn dequant_types() -> [u32; 30] {
+fn dequant_types() -> [u32; 31] {
     [
-        "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K",
-        "q4_K", "q5_K", "q6_K", "q8_K", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0",
-        "q1_0", "q2_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+        "f32", "f16", "bf16", "f8_e4m3", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_K",
+        "q3_K", "q4_K", "q5_K", "q6_K", "q8_K", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0",
+        "tq2_0", "q1_0", "q2_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s",
+        "iq1_m",
     ]
     .map(id)
 }
@@ -212,11 +213,12 @@ fn quant_vec_dot_type_is_ggml_cpus_table() {
         (id("iq3_s"), id("q8_K")),
         (id("iq1_s"), id("q8_K")),
         (id("iq1_m"), id("q8_K")),
+        (ty::F8_E4M3, ty::F32),
     ];
     for (t, v) in expect {
         assert_eq!(vec_dot_type(t), Some(v), "type {t}");
     }
-    for t in [id("q8_K"), 24, 26, 28, 31, 43, 1000] {
+    for t in [id("q8_K"), 24, 26, 28, 31, 44, 1000] {
         assert_eq!(vec_dot_type(t), None, "type {t}");
     }
 }
@@ -230,6 +232,7 @@ fn quant_supports_exactly_the_weight_types() {
 
 mod c_loops;
 mod dot;
+mod fp8;
 mod golden;
 mod grids;
 mod known_answers;
