@@ -1,6 +1,6 @@
 //! Protocol 8.0.1 vectors (llama.cpp b12032+1): 8.0.0's commands and layouts with ggml's newer
 //! op and type numbering (`TOP_K_MASK` inserted at op 91, so `UNARY` … `GLU` moved up by one,
-//! and type 43 `f8_e4m3`, PROTOCOL.md §1.6, §12.1, §12.2). Every graph of these vectors uses the
+//! and type 43 `f8_e4m3`, PROTOCOL.md §1.4, §12.1, §12.2). Every graph of these vectors uses the
 //! 8.0.1 numbering. Cross-version vectors (an 8.0.1 client's ids sent to an 8.0.0 server) are
 //! written into the 8.0.0 folders with `"protocol": "8.0.0"`.
 //!
@@ -13,7 +13,7 @@ use proto_core::wire::{
 };
 
 use super::super::samples::{client_id, stored, RAW_BASE, RAW_BUFFER};
-use super::super::{valid_request, valid_response, V801, V8};
+use super::super::{valid_request, valid_response, V8, V801};
 use super::{base, buffer, compute, data, get, pattern, set, Session};
 use crate::vector::Vector;
 
@@ -252,14 +252,18 @@ fn frames(out: &mut Vec<Vector>) {
     let version = V801;
     for (slug, op, graph) in moved_op_graphs(&raw_place, 0x801) {
         let id = wire_op_801(op);
-        let old = GgmlTable::V8_0_0
-            .op_to_wire(op)
-            .map_or_else(|| "not in the 7.0.0/8.0.0 table".to_owned(), |o| format!("{o} in 7.0.0/8.0.0"));
+        let old = GgmlTable::V8_0_0.op_to_wire(op).map_or_else(
+            || "not in the 7.0.0/8.0.0 table".to_owned(),
+            |o| format!("{o} in 7.0.0/8.0.0"),
+        );
         out.push(valid_request(
             format!("v8.0.1/requests/graph_compute_op_{id}_{slug}"),
             version,
-            spec("§5.17, §12.2"),
-            &format!("GRAPH_COMPUTE of a graph with a {} node: op id {id} in 8.0.1 ({old})", GgmlTable::V8_0_1.op_name(id).unwrap_or("?")),
+            spec("§1.4, §5.17, §12.2"),
+            &format!(
+                "GRAPH_COMPUTE of a graph whose node computes {}: op id {id} in 8.0.1 ({old})",
+                GgmlTable::V8_0_1.op_name(id).unwrap_or("?")
+            ),
             &compute(graph),
         ));
     }
@@ -296,7 +300,7 @@ fn frames(out: &mut Vec<Vector>) {
     out.push(valid_response(
         "v8.0.1/responses/hello".into(),
         version,
-        spec("§5.1, §1.5, §1.6"),
+        spec("§5.1, §1.4, §1.6"),
         "HELLO response of an 8.0.1 server to an 8.0.1 client",
         &hello,
         &Response::Hello {
@@ -308,7 +312,7 @@ fn frames(out: &mut Vec<Vector>) {
     out.push(valid_response(
         "v8.0.1/responses/hello_from_8_0_0".into(),
         version,
-        spec("§1.5, §1.6"),
+        spec("§1.6"),
         "HELLO response of an 8.0.0 server to an 8.0.1 client: accepted (the patch is never compared), although the two number ggml's ops differently from 91 on",
         &hello,
         &Response::Hello {
@@ -320,7 +324,7 @@ fn frames(out: &mut Vec<Vector>) {
     out.push(valid_response(
         "v8/responses/hello_from_8_0_1".into(),
         V8,
-        spec("§1.5, §1.6"),
+        spec("§1.6"),
         "HELLO response of an 8.0.1 server to an 8.0.0 client: accepted (the patch is never compared), although the two number ggml's ops differently from 91 on",
         &hello,
         &Response::Hello {
@@ -340,7 +344,7 @@ fn sessions(out: &mut Vec<Vector>) {
     // Every moved op, computed (validated) by an 8.0.1 server, then recomputed.
     let mut s = new(
         "moved_ops",
-        "§1.6, §5.17, §5.18, §12.2",
+        "§1.4, §5.17, §5.18, §12.2",
         "GRAPH_COMPUTE of one graph per op whose id moved in 8.0.1 (TOP_K_MASK 91, UNARY 92, CROSS_ENTROPY_LOSS 97, CROSS_ENTROPY_LOSS_BACK 98, OPT_STEP_ADAMW 99, OPT_STEP_SGD 100, GLU 101), each stored under its own uid, then GRAPH_RECOMPUTE of the first",
     )
     .with_buffer(4096);
@@ -403,14 +407,44 @@ fn sessions(out: &mut Vec<Vector>) {
         g
     };
     let refused: Vec<(&str, &str, u32, i32)> = vec![
-        ("graph_op_93_map_custom1", "op 93 (MAP_CUSTOM1 in 8.0.1: op_params carry a client function pointer)", 93, 0),
-        ("graph_op_94_map_custom2", "op 94 (MAP_CUSTOM2 in 8.0.1)", 94, 0),
-        ("graph_op_95_map_custom3", "op 95 (MAP_CUSTOM3 in 8.0.1)", 95, 0),
+        (
+            "graph_op_93_map_custom1",
+            "op 93 (MAP_CUSTOM1 in 8.0.1: op_params carry a client function pointer)",
+            93,
+            0,
+        ),
+        (
+            "graph_op_94_map_custom2",
+            "op 94 (MAP_CUSTOM2 in 8.0.1)",
+            94,
+            0,
+        ),
+        (
+            "graph_op_95_map_custom3",
+            "op 95 (MAP_CUSTOM3 in 8.0.1)",
+            95,
+            0,
+        ),
         ("graph_op_96_custom", "op 96 (CUSTOM in 8.0.1)", 96, 0),
-        ("graph_op_102", "op 102 (GGML_OP_COUNT of 8.0.1, outside the table)", 102, 0),
+        (
+            "graph_op_102",
+            "op 102 (GGML_OP_COUNT of 8.0.1, outside the table)",
+            102,
+            0,
+        ),
         ("graph_op_max", "op 2^32 - 1", u32::MAX, 0),
-        ("graph_unary_op_22", "a UNARY node (op 92 in 8.0.1) with sub-op 22 (GGML_UNARY_OP_COUNT)", 92, 22),
-        ("graph_glu_op_7", "a GLU node (op 101 in 8.0.1) with sub-op 7 (GGML_GLU_OP_COUNT)", 101, 7),
+        (
+            "graph_unary_op_22",
+            "a UNARY node (op 92 in 8.0.1) with sub-op 22 (GGML_UNARY_OP_COUNT)",
+            92,
+            22,
+        ),
+        (
+            "graph_glu_op_7",
+            "a GLU node (op 101 in 8.0.1) with sub-op 7 (GGML_GLU_OP_COUNT)",
+            101,
+            7,
+        ),
     ];
     for (name, what, op, param) in refused {
         out.push(graph_fail(
@@ -433,7 +467,14 @@ fn sessions(out: &mut Vec<Vector>) {
         "type_id",
     ));
     let typed = |type_id: u32| {
-        let mut tensor = stored(client_id(1), ty::F8_E4M3, [4, 1, 1, 1], buffer(0), base(0, 0), "t1");
+        let mut tensor = stored(
+            client_id(1),
+            ty::F8_E4M3,
+            [4, 1, 1, 1],
+            buffer(0),
+            base(0, 0),
+            "t1",
+        );
         tensor.type_id = type_id;
         tensor
     };
@@ -449,8 +490,18 @@ fn sessions(out: &mut Vec<Vector>) {
 
     // An 8.0.1 client's ids sent to an 8.0.0 server (written with protocol 8.0.0).
     let cross: Vec<(&str, &str, u32, i32)> = vec![
-        ("graph_op_92_unary_from_8_0_1", "op 92 with sub-op SILU: an 8.0.1 client's UNARY, MAP_CUSTOM1 (a custom op) in 8.0.0", 92, UnaryOp::SILU.0),
-        ("graph_op_101_glu_from_8_0_1", "op 101 with sub-op SWIGLU: an 8.0.1 client's GLU, past the 8.0.0 table", 101, GluOp::SWIGLU.0),
+        (
+            "graph_op_92_unary_from_8_0_1",
+            "op 92 with sub-op SILU: an 8.0.1 client's UNARY, MAP_CUSTOM1 (a custom op) in 8.0.0",
+            92,
+            UnaryOp::SILU.0,
+        ),
+        (
+            "graph_op_101_glu_from_8_0_1",
+            "op 101 with sub-op SWIGLU: an 8.0.1 client's GLU, past the 8.0.0 table",
+            101,
+            GluOp::SWIGLU.0,
+        ),
     ];
     for (name, what, op, param) in cross {
         out.push(graph_fail(
