@@ -2,7 +2,8 @@
 //! [`Graph::decode`], either as raw bytes or built from an arbitrary [`GraphSpec`] so that most
 //! inputs get past the length checks and into the structural validation.
 //!
-//! Input layout: `mode: u8` (bit 0: protocol 8 else 7; bit 1: structured), then either the raw
+//! Input layout: `mode: u8` (bit 0: protocol 8 else 7; bit 1: structured; bit 2: with bit 0, the
+//! 8.0.1 op and type table else 8.0.0's), then either the raw
 //! payload or the bytes a derived [`GraphSpec`] is read from.
 
 use std::collections::{HashMap, HashSet};
