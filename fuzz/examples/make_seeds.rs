@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use proto_core::ggml::{flags as tflags, types::id, Op};
+use proto_core::ggml::{flags as tflags, types::id, GgmlTable, Op};
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{
     AllocSizeRequest, CommInitRequest, Command, Dialect, ProtocolVersion, Request, Response,
@@ -395,9 +395,32 @@ fn graph_seeds(seeds: &mut Seeds) {
     seeds.write("graph_decode", "raw_v8_nodes_out_of_order", &[&[graph::mode::V8][..], &payload].concat());
     // Counts larger than the payload.
     seeds.write("graph_decode", "raw_v7_counts_too_large", &[0, 0, 0, 0, 0, 255, 255, 255, 255, 1, 2, 3]);
+    // Protocol 8.0.1: ggml's newer op and type numbering (mode bit V8_0_1 selects its table).
+    let v8_0_1 = graph::mode::V8 | graph::mode::V8_0_1;
+    let encode = |request: &proto_core::wire::GraphComputeRequest, mode: u8| {
+        let mut payload = bytes::BytesMut::new();
+        request.encode(Dialect::V8, &mut payload);
+        [&[mode][..], &payload].concat()
+    };
+    // The sample graph with its ops renumbered for 8.0.1 (UNARY 91 -> 92): still valid.
+    let mut renumbered = sample_graph(Dialect::V8, 3, handle, base);
+    for t in &mut renumbered.tensors {
+        let op = GgmlTable::V8_0_0.op_from_wire(t.op).expect("an 8.0.0 op");
+        t.op = GgmlTable::V8_0_1.op_to_wire(op).expect("an 8.0.1 op");
+    }
+    seeds.write("graph_decode", "raw_v8_0_1_valid", &encode(&renumbered, v8_0_1));
+    // Every moved op id and an f8_e4m3 weight: valid for 8.0.1, refused by 8.0.0's table.
+    let moved = graph::moved_ops_graph(handle, base);
+    seeds.write("graph_decode", "raw_v8_0_1_moved_ops", &encode(&moved, v8_0_1));
+    seeds.write("graph_decode", "raw_v8_0_0_moved_ops_refused", &encode(&moved, graph::mode::V8));
+    let f8 = graph::f8_graph(handle, base);
+    seeds.write("graph_decode", "raw_v8_0_1_f8_e4m3", &encode(&f8, v8_0_1));
+    seeds.write("graph_decode", "raw_v8_0_0_f8_e4m3_refused", &encode(&f8, graph::mode::V8));
     // Structured inputs: any bytes describe some graph.
-    for (name, seed) in [("structured_v8_a", 11u8), ("structured_v7_b", 97)] {
-        let mode = graph::mode::STRUCTURED | if name.contains("v8") { graph::mode::V8 } else { 0 };
+    for (name, seed) in [("structured_v8_a", 11u8), ("structured_v7_b", 97), ("structured_v8_0_1_c", 53)] {
+        let mode = graph::mode::STRUCTURED
+            | if name.contains("v8") { graph::mode::V8 } else { 0 }
+            | if name.contains("v8_0_1") { graph::mode::V8_0_1 } else { 0 };
         let mut bytes = vec![mode];
         bytes.extend(pattern(300, seed).iter().map(|b| b % 13));
         seeds.write("graph_decode", name, &bytes);
@@ -626,9 +649,14 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
         let field = |key: &str| vector.get(key).and_then(|v| v.as_str()).unwrap_or("");
         let dialect = match field("protocol") {
             "7.0.0" => Dialect::V7,
-            "8.0.0" => Dialect::V8,
+            "8.0.0" | "8.0.1" => Dialect::V8,
             _ => continue,
         };
+        // The server_session harness speaks 8.0.0 (its flag byte has no bit left for 8.0.1), so
+        // 8.0.1 sessions would be refused at their first moved op: their frames seed round_trip
+        // and, through the frame vectors, server_session; the graphs reach graph_decode via
+        // graph_seeds.
+        let v801 = field("protocol") == "8.0.1";
         let v8 = if dialect == Dialect::V8 { flag::V8 } else { 0 };
         let name = format!("vec_{}", field("name").replace(['/', ' '], "_"));
         match (field("level"), field("direction")) {
@@ -656,6 +684,7 @@ fn vector_seeds(seeds: &mut Seeds, dir: &Path) -> usize {
                 seeds.write("round_trip", &name, &[&[raw_response_selector(command)][..], &frame].concat());
                 used += 1;
             }
+            ("session", _) if v801 => {}
             ("session", _) => {
                 let server = vector.get("server");
                 let flag_if = |key: &str, bit: u8| {

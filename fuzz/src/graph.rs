@@ -2,7 +2,8 @@
 //! [`Graph::decode`], either as raw bytes or built from an arbitrary [`GraphSpec`] so that most
 //! inputs get past the length checks and into the structural validation.
 //!
-//! Input layout: `mode: u8` (bit 0: protocol 8 else 7; bit 1: structured), then either the raw
+//! Input layout: `mode: u8` (bit 0: protocol 8 else 7; bit 1: structured; bit 2: with bit 0, the
+//! 8.0.1 op and type table else 8.0.0's), then either the raw
 //! payload or the bytes a derived [`GraphSpec`] is read from.
 
 use std::collections::{HashMap, HashSet};
@@ -66,7 +67,7 @@ pub struct TensorSpec {
 }
 
 /// The tensor types a structured graph uses: common ones, a removed id and an invalid one.
-pub const TYPES: [u32; 9] = [ty::F32, ty::F16, ty::Q4_0, ty::Q8_0, ty::Q4_K, ty::I32, ty::BF16, 4, 999];
+pub const TYPES: [u32; 10] = [ty::F32, ty::F16, ty::Q4_0, ty::Q8_0, ty::Q4_K, ty::I32, ty::BF16, ty::F8_E4M3, 4, 999];
 
 /// A structured GRAPH_COMPUTE request.
 #[derive(Debug, Clone, Arbitrary)]
@@ -406,4 +407,67 @@ pub fn sample_graph(dialect: Dialect, layers: u64, handle: u64, base: u64) -> Gr
     }
     let uid = if dialect.has_graph_uid() { 42 } else { 0 };
     GraphComputeRequest { device: 0, uid, node_ids: nodes, tensors }
+}
+
+/// A valid 8.0.1 graph for seeds: one node of every op whose id moved in 8.0.1 (`TOP_K_MASK` 91,
+/// `UNARY` 92, `CROSS_ENTROPY_LOSS` 97, `CROSS_ENTROPY_LOSS_BACK` 98, `OPT_STEP_ADAMW` 99,
+/// `OPT_STEP_SGD` 100, `GLU` 101), ops in 8.0.1 numbering, every tensor at `base` in buffer
+/// `handle` (at least 128 bytes). An 8.0.0 table refuses it (92 is a custom op there).
+pub fn moved_ops_graph(handle: u64, base: u64) -> GraphComputeRequest {
+    let table = GgmlTable::V8_0_1;
+    let op = |op: Op| table.op_to_wire(op).expect("an 8.0.1 op");
+    let mut tensors = Vec::new();
+    let mut next_id = 1u64;
+    let mut add = |type_id: u32, ne: [u32; 4], op: u32, src: &[u64], param0: i32| {
+        let mut t = RpcTensor::contiguous(next_id, type_id, ne).expect("valid");
+        next_id += 1;
+        t.buffer = handle;
+        t.data = base;
+        t.op = op;
+        t.op_params[0] = param0;
+        t.src[..src.len()].copy_from_slice(src);
+        if op != 0 {
+            t.flags = flags::COMPUTE;
+        }
+        let id = t.id;
+        tensors.push(t);
+        id
+    };
+    let mask = add(ty::F16, [16, 1, 1, 1], 0, &[], 0);
+    let top_k = add(ty::I32, [4, 2, 1, 1], 0, &[], 0);
+    let x = add(ty::F32, [8, 4, 1, 1], 0, &[], 0);
+    let labels = add(ty::F32, [8, 4, 1, 1], 0, &[], 0);
+    let adamw = add(ty::F32, [7, 1, 1, 1], 0, &[], 0);
+    let sgd = add(ty::F32, [2, 1, 1, 1], 0, &[], 0);
+    let nodes = vec![
+        add(ty::F16, [16, 2, 1, 1], op(Op::TOP_K_MASK), &[mask, top_k], 0),
+        add(ty::F32, [8, 4, 1, 1], op(Op::UNARY), &[x], proto_core::ggml::UnaryOp::SILU.0),
+        add(ty::F32, [1, 1, 1, 1], op(Op::CROSS_ENTROPY_LOSS), &[x, labels], 0),
+    ];
+    let loss = nodes[2];
+    let mut nodes = nodes;
+    nodes.push(add(ty::F32, [8, 4, 1, 1], op(Op::CROSS_ENTROPY_LOSS_BACK), &[loss, x, labels], 0));
+    let grad = nodes[3];
+    nodes.push(add(ty::F32, [8, 4, 1, 1], op(Op::OPT_STEP_ADAMW), &[x, grad, labels, labels, adamw], 0));
+    nodes.push(add(ty::F32, [8, 4, 1, 1], op(Op::OPT_STEP_SGD), &[x, grad, sgd], 0));
+    nodes.push(add(ty::F32, [4, 4, 1, 1], op(Op::GLU), &[x], proto_core::ggml::GluOp::SWIGLU.0));
+    GraphComputeRequest { device: 0, uid: 0x801, node_ids: nodes, tensors }
+}
+
+/// A valid 8.0.1 graph for seeds: `y = w · x` with an f8_e4m3 weight (type 43, 8.0.1 only), at
+/// `base` in buffer `handle` (at least 128 bytes).
+pub fn f8_graph(handle: u64, base: u64) -> GraphComputeRequest {
+    let record = |id: u64, type_id: u32, ne: [u32; 4]| {
+        let mut t = RpcTensor::contiguous(id, type_id, ne).expect("valid");
+        t.buffer = handle;
+        t.data = base;
+        t
+    };
+    let w = record(1, ty::F8_E4M3, [32, 2, 1, 1]);
+    let x = record(2, ty::F32, [32, 1, 1, 1]);
+    let mut y = record(3, ty::F32, [2, 1, 1, 1]);
+    y.op = Op::MUL_MAT.0;
+    y.src[..2].copy_from_slice(&[w.id, x.id]);
+    y.flags = flags::COMPUTE;
+    GraphComputeRequest { device: 0, uid: 0x8f8, node_ids: vec![y.id], tensors: vec![w, x, y] }
 }

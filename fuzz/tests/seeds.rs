@@ -62,6 +62,16 @@ fn graph_seeds_decode() {
             n if n.ends_with("_valid") || n.ends_with("trailing_bytes") => {
                 assert_eq!(outcome, Some(GraphOutcome::Valid(9)), "{name}")
             }
+            "raw_v8_0_1_moved_ops" => assert_eq!(outcome, Some(GraphOutcome::Valid(7)), "{name}"),
+            "raw_v8_0_1_f8_e4m3" => assert_eq!(outcome, Some(GraphOutcome::Valid(1)), "{name}"),
+            n if n.ends_with("_refused") => {
+                let kind = match &outcome {
+                    Some(GraphOutcome::Invalid(error)) => Some(error.kind()),
+                    _ => None,
+                };
+                let want = if n.contains("f8") { ErrorKind::InvalidType } else { ErrorKind::OpRefused };
+                assert_eq!(kind, Some(want), "{name}: {outcome:?}")
+            }
             n if n.contains("out_of_order") => {
                 assert!(matches!(outcome, Some(GraphOutcome::Invalid(_))), "{name}: {outcome:?}")
             }

@@ -91,7 +91,7 @@ pub struct Vector {
     pub name: String,
     /// What the vector shows, in words.
     pub description: String,
-    /// `"7.0.0"` or `"8.0.0"`: the version both sides speak (for a HELLO response, the client's).
+    /// `"7.0.0"`, `"8.0.0"` or `"8.0.1"`: the version both sides speak (for a HELLO response, the client's).
     pub protocol: String,
     /// `frame` or `session`.
     pub level: Level,
@@ -140,6 +140,7 @@ impl Vector {
         match self.protocol.as_str() {
             "7.0.0" => Ok(ProtocolVersion::V7_0_0),
             "8.0.0" => Ok(ProtocolVersion::V8_0_0),
+            "8.0.1" => Ok(ProtocolVersion::V8_0_1),
             other => Err(format!("unknown protocol {other:?}")),
         }
     }

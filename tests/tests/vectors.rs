@@ -2,11 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use ggml_rpc_tests::fields::command_name;
 use ggml_rpc_tests::rules::RULES;
 use ggml_rpc_tests::vector::{Direction, Level};
 use ggml_rpc_tests::{check, generate, hex, load_all, vectors_dir, Vector};
-use proto_core::wire::{Command, Dialect, RequestSize};
+use proto_core::ggml::types::id as ty;
+use proto_core::ggml::{GgmlTable, Op};
+use proto_core::wire::{Command, Dialect, Request, RequestSize, RpcTensor};
 use proto_core::ErrorKind;
 
 fn vectors() -> Vec<Vector> {
@@ -120,7 +123,7 @@ fn vectors_cover_every_message_and_rule() {
             .filter(|v| v.level == Level::Session && v.protocol == protocol && v.valid == valid)
             .count()
     };
-    for (_, protocol) in dialects() {
+    for protocol in ["7.0.0", "8.0.0", "8.0.1"] {
         if sessions(protocol, true) == 0 || sessions(protocol, false) == 0 {
             missing.push(format!(
                 "{protocol}: needs valid and invalid session vectors"
@@ -128,6 +131,121 @@ fn vectors_cover_every_message_and_rule() {
         }
     }
     assert!(missing.is_empty(), "coverage gaps:\n{}", missing.join("\n"));
+}
+
+/// A session template's frame with every placeholder replaced by 8 zero bytes, decoded as an 8.x
+/// request (`None` for a partial or undecodable frame).
+fn template_request(template: &str) -> Option<Request> {
+    let mut text = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        text.push_str(&rest[..open]);
+        text.push_str(&"00".repeat(8));
+        rest = &rest[open + rest[open..].find('}')? + 1..];
+    }
+    text.push_str(rest);
+    Request::from_frame(Dialect::V8, Bytes::from(hex::decode(&text).ok()?)).ok()
+}
+
+/// The tensor records of a request (GRAPH_COMPUTE: all of them).
+fn records(request: &Request) -> Vec<RpcTensor> {
+    match request {
+        Request::GraphCompute(graph) => graph.tensors.clone(),
+        Request::SetTensor { header, .. } => vec![header.tensor.clone()],
+        Request::GetTensor { tensor, .. } => vec![(**tensor).clone()],
+        _ => Vec::new(),
+    }
+}
+
+/// Protocol 8.0.1 (ggml's newer op and type numbering, PROTOCOL.md §1.4, §12): every op id that
+/// moved has a valid GRAPH_COMPUTE, f8_e4m3 travels in frames and sessions, the ids past and
+/// beside the 8.0.1 table are refused, and an 8.0.1 client's ids are refused by an 8.0.0 server.
+#[test]
+fn vectors_cover_protocol_8_0_1() {
+    let vectors = vectors();
+    let mut missing = Vec::new();
+    let graph_frames: Vec<Request> = vectors
+        .iter()
+        .filter(|v| v.protocol == "8.0.1" && v.valid && v.level == Level::Frame)
+        .filter(|v| v.direction == Direction::ClientToServer)
+        .filter(|v| v.command.as_deref() == Some("GRAPH_COMPUTE"))
+        .filter_map(|v| template_request(v.hex.as_deref()?))
+        .collect();
+    let frame_records: Vec<RpcTensor> = graph_frames.iter().flat_map(records).collect();
+    for op in [
+        Op::TOP_K_MASK,
+        Op::UNARY,
+        Op::CROSS_ENTROPY_LOSS,
+        Op::CROSS_ENTROPY_LOSS_BACK,
+        Op::OPT_STEP_ADAMW,
+        Op::OPT_STEP_SGD,
+        Op::GLU,
+    ] {
+        let id = GgmlTable::V8_0_1.op_to_wire(op).expect("8.0.1 op");
+        if GgmlTable::V8_0_0.op_to_wire(op) == Some(id) {
+            missing.push(format!("{op:?} did not move"));
+        }
+        if !frame_records.iter().any(|t| t.op == id) {
+            missing.push(format!("8.0.1: no valid GRAPH_COMPUTE frame with op {id}"));
+        }
+    }
+    if !frame_records.iter().any(|t| t.type_id == ty::F8_E4M3) {
+        missing.push("8.0.1: no valid GRAPH_COMPUTE frame with an f8_e4m3 tensor".into());
+    }
+    // The commands of valid 8.0.1 sessions that carry an f8_e4m3 tensor.
+    let f8_commands: BTreeSet<&'static str> = vectors
+        .iter()
+        .filter(|v| v.protocol == "8.0.1" && v.valid && v.level == Level::Session)
+        .flat_map(|v| v.steps.iter().flatten())
+        .filter_map(|step| template_request(&step.send))
+        .filter(|r| records(r).iter().any(|t| t.type_id == ty::F8_E4M3))
+        .map(|r| command_name(r.command()))
+        .collect();
+    for command in ["SET_TENSOR", "GET_TENSOR", "GRAPH_COMPUTE"] {
+        if !f8_commands.contains(command) {
+            missing.push(format!(
+                "8.0.1: no valid session sends {command} of an f8_e4m3 tensor"
+            ));
+        }
+    }
+    // Ops in the final GRAPH_COMPUTE of invalid sessions, per protocol and rule.
+    let refused = |protocol: &str, rule: &str| -> Vec<RpcTensor> {
+        vectors
+            .iter()
+            .filter(|v| v.protocol == protocol && v.rule.as_deref() == Some(rule))
+            .filter_map(|v| template_request(&v.final_step.as_ref()?.send))
+            .flat_map(|r| records(&r))
+            .collect()
+    };
+    let refused_801 = refused("8.0.1", "graph_op");
+    for id in [93, 94, 95, 96, 102, u32::MAX] {
+        if !refused_801.iter().any(|t| t.op == id) {
+            missing.push(format!("8.0.1: no invalid session refusing op {id}"));
+        }
+    }
+    let refused_800 = refused("8.0.0", "graph_op");
+    for op in [Op::UNARY, Op::GLU] {
+        let id = GgmlTable::V8_0_1.op_to_wire(op).expect("8.0.1 op");
+        if !refused_800.iter().any(|t| t.op == id) {
+            missing.push(format!(
+                "8.0.0: no invalid session refusing an 8.0.1 client's {op:?} (op {id})"
+            ));
+        }
+    }
+    if !refused("8.0.0", "type_id")
+        .iter()
+        .any(|t| t.type_id == ty::F8_E4M3)
+    {
+        missing.push("8.0.0: no invalid session refusing an f8_e4m3 tensor".into());
+    }
+    if !refused("8.0.1", "type_id").iter().any(|t| t.type_id == 44) {
+        missing.push("8.0.1: no invalid session refusing type 44".into());
+    }
+    assert!(
+        missing.is_empty(),
+        "8.0.1 coverage gaps:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]

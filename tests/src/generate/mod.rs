@@ -20,6 +20,7 @@ use crate::vector::{self, Direction, Level, RequestContext, Vector};
 
 pub(crate) const V7: ProtocolVersion = ProtocolVersion::V7_0_0;
 pub(crate) const V8: ProtocolVersion = ProtocolVersion::V8_0_0;
+pub(crate) const V801: ProtocolVersion = ProtocolVersion::V8_0_1;
 pub(crate) const VERSIONS: [ProtocolVersion; 2] = [V7, V8];
 
 /// Every vector, sorted by name. Panics on a generator bug (duplicate names, unknown rules).
@@ -67,8 +68,12 @@ pub(crate) fn dialect(version: ProtocolVersion) -> Dialect {
     version.dialect().expect("supported version")
 }
 
-/// `v7` / `v8`.
+/// `v7` / `v8` / `v8.0.1`: 7.0.0 and 8.0.0 are named after their dialect, 8.0.1 (the same
+/// dialect as 8.0.0 with ggml's newer op and type numbering) by its full version.
 pub(crate) fn folder(version: ProtocolVersion) -> &'static str {
+    if version == V801 {
+        return "v8.0.1";
+    }
     match dialect(version) {
         Dialect::V7 => "v7",
         Dialect::V8 => "v8",

@@ -22,6 +22,9 @@ use crate::hex;
 use crate::rules::rule_by_slug;
 use crate::vector::{Direction, FinalStep, Level, ServerParams, Step, Vector};
 
+#[path = "v801.rs"]
+mod v801;
+
 const GIB: u64 = 1 << 30;
 
 /// The sentinel of buffer handle `k`.
@@ -282,6 +285,7 @@ pub(super) fn generate(out: &mut Vec<Vector>) {
         graph_rules(version, out);
     }
     v8_only(out);
+    v801::generate(out);
 }
 
 /// The small graph of the session vectors: y = scale(view(silu(w · x))) over buffer 0.
