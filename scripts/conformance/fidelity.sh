@@ -21,15 +21,17 @@
 #                      default: target/release/ggml-rpc-server --protocol 7 -p {port}
 #   --endpoint H:P     an already running server
 #   --logdir DIR       default target/conformance/fidelity
+#   --rescore          run nothing: print the table of the run in --logdir again (same
+#                      options as that run), e.g. after changing the thresholds
 # Models go to target/conformance/models/fidelity/seed-N (written once, deterministic).
-# The short CI run (scripts/test.sh): --seeds 1,2 --prompts 6 -n 32.
+# The short CI run (scripts/test.sh): --seeds 1 --prompts 10 -n 40.
 # Exit status: 0 pass, 1 some prompt fails, 2 harness error.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 types="f32,f16,q8_0,q4_0,q4_k" seeds="1,2,3" presets="tiny" prompts=20 prompt_seed=11434 n=64
-fa="off" reference=0 server_cmd="" endpoint="" logdir="$CONF_OUT/fidelity"
+fa="off" reference=0 server_cmd="" endpoint="" logdir="$CONF_OUT/fidelity" rescore=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --types) types=$2; shift 2 ;;
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
         --server-cmd) server_cmd=$2; shift 2 ;;
         --endpoint) endpoint=$2; shift 2 ;;
         --logdir) logdir=$2; shift 2 ;;
+        --rescore) rescore=(--rescore); shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
@@ -53,7 +56,9 @@ conf_build_tools
 py=$(conf_python)
 
 srv=() note="" label=ours
-if [ -n "$endpoint" ]; then
+if [ ${#rescore[@]} -gt 0 ]; then
+    srv+=(--endpoint none)
+elif [ -n "$endpoint" ]; then
     srv+=(--endpoint "$endpoint")
 elif [ "$reference" = 1 ]; then
     label=reference
@@ -71,4 +76,4 @@ exec "$py" -B "$CONF_DIR/fidelity_run.py" --probe "$PROBE" --shim "$SHIM" --pyth
     --make-models "$CONF_DIR/make-models.py" --models-dir "$CONF_OUT/models/fidelity" \
     --types "$types" --seeds "$seeds" --presets "$presets" --prompts "$prompts" \
     --prompt-seed "$prompt_seed" -n "$n" --fa "$fa" --logdir "$logdir" --label "$label" \
-    --note "$note" "${srv[@]}"
+    --note "$note" "${srv[@]}" "${rescore[@]}"

@@ -18,7 +18,7 @@
 // NULL, so llama.cpp uses every GPU-type device, as llama-completion --rpc does).
 //
 // usage: llama_probe -m MODEL [-p PROMPT | --prompts FILE] [-n N] [--fa on|off] [--ngl N]
-//                    [-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair]
+//                    [-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair [--trace]]
 //
 // --prompts FILE runs every non-empty line of FILE as a prompt, one after the other in one
 // model load; the context's memory (KV cache) is cleared between prompts. Each prompt's
@@ -41,6 +41,12 @@
 // agreeing steps and chars the length in bytes of the text both generated before diverging.
 // The pair stops at the first difference: after it the two see different inputs.
 //
+// --trace (with --pair) copies every F32/F16 node's output of both runs at every step (a
+// llama.cpp eval callback; observing every node makes the scheduler compute node by node, so
+// no op fusion) and prints, per step, the first node in graph order whose values are not bit
+// for bit those of the reference: "trace step S node NAME op OP max|d| D (K of N differ)".
+// Slow; meant for one prompt, to find which op departs from ggml-cpu first.
+//
 // The CPU backend repacks quantized weights it holds itself (CPU_REPACK buffers, e.g.
 // q4_K_8x8) and then runs other kernels than an RPC server, which keeps weights in plain
 // buffers. For a CPU-only run that is comparable with RPC runs use --repack off.
@@ -50,7 +56,84 @@
 #include <string.h>
 #include <math.h>
 
+#include "ggml-backend.h"
 #include "llama.h"
+
+// --trace: the outputs of one decode's graph nodes
+#define TRACE_MAX 4096
+struct trace {
+    int on, n;
+    char name[TRACE_MAX][GGML_MAX_NAME];
+    const char * op[TRACE_MAX];
+    int64_t ne[TRACE_MAX];
+    float * data[TRACE_MAX];
+};
+
+static bool trace_cb(struct ggml_tensor * t, bool ask, void * ud) {
+    struct trace * tr = ud;
+    if (ask) return tr->on != 0;
+    if (!tr->on || tr->n >= TRACE_MAX) return true;
+    if ((t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16) || !ggml_is_contiguous(t)) return true;
+    const int64_t ne = ggml_nelements(t);
+    const size_t nb = ggml_nbytes(t);
+    void * raw = malloc(nb);
+    ggml_backend_tensor_get(t, raw, 0, nb);
+    float * f = malloc(sizeof(float) * (size_t) ne);
+    if (t->type == GGML_TYPE_F16) ggml_fp16_to_fp32_row(raw, f, ne);
+    else memcpy(f, raw, nb);
+    free(raw);
+    int k = tr->n++;
+    snprintf(tr->name[k], GGML_MAX_NAME, "%s", t->name);
+    tr->op[k] = ggml_op_desc(t);
+    tr->ne[k] = ne;
+    tr->data[k] = f;
+    return true;
+}
+
+static void trace_reset(struct trace * tr) {
+    for (int k = 0; k < tr->n; k++) free(tr->data[k]);
+    tr->n = 0;
+}
+
+// the first node of the reference's graph whose output differs in the test run (same name,
+// same occurrence)
+// same name, same occurrence; by position when both graphs list the same names in the same
+// order. Unnamed nodes ("node_N", e.g. the input GET_ROWS, whose observed copy at decode steps
+// does not hold the values the graph used) are skipped.
+static void trace_compare(const struct trace * r, const struct trace * t, int step) {
+    int same = r->n == t->n;
+    for (int k = 0; same && k < r->n; k++) same = !strcmp(r->name[k], t->name[k]);
+    for (int k = 0; k < r->n; k++) {
+        int m = -1;
+        if (!strncmp(r->name[k], "node_", 5) || !r->name[k][0]) continue;
+        if (same) {
+            m = k;
+        } else {
+            int occ = 0;
+            for (int j = 0; j < k; j++) occ += !strcmp(r->name[j], r->name[k]);
+            for (int j = 0, o = 0; j < t->n; j++) {
+                if (!strcmp(t->name[j], r->name[k]) && o++ == occ) { m = j; break; }
+            }
+        }
+        if (m < 0 || t->ne[m] != r->ne[k]) continue;
+        double mx = 0;
+        int64_t nd = 0;
+        for (int64_t i = 0; i < r->ne[k]; i++) {
+            float a = r->data[k][i], b = t->data[m][i];
+            if (memcmp(&a, &b, sizeof a) != 0) {
+                nd++;
+                double d = fabs((double) a - (double) b);
+                if (!(d <= mx)) mx = d;
+            }
+        }
+        if (nd) {
+            printf("trace step %d node %s op %s max|d| %.6g (%lld of %lld differ)%s\n", step, r->name[k], r->op[k], mx,
+                   (long long) nd, (long long) r->ne[k], same ? "" : " (graphs differ: matched by name)");
+            return;
+        }
+    }
+    printf("trace step %d identical (%d nodes)\n", step, r->n);
+}
 
 static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
     (void) ud;
@@ -61,7 +144,7 @@ static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
 
 static void usage(const char * argv0) {
     fprintf(stderr, "usage: %s -m MODEL [-p PROMPT | --prompts FILE] [-n N] [--fa on|off] [--ngl N] "
-                    "[-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair]\n", argv0);
+                    "[-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair [--trace]]\n", argv0);
     exit(2);
 }
 
@@ -69,7 +152,8 @@ struct opts {
     int n_predict, n_threads, n_ctx, fa;
 };
 
-static struct llama_context * make_ctx(struct llama_model * model, const struct opts * o, int op_offload) {
+static struct llama_context * make_ctx(struct llama_model * model, const struct opts * o, int op_offload,
+                                      struct trace * tr) {
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = o->n_ctx;
     cp.n_batch = o->n_ctx;
@@ -79,6 +163,7 @@ static struct llama_context * make_ctx(struct llama_model * model, const struct 
     cp.flash_attn_type = o->fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.no_perf = true;
     if (!op_offload) cp.op_offload = false;
+    if (tr) { cp.cb_eval = trace_cb; cp.cb_eval_user_data = tr; }
     struct llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "llama_probe: cannot create a context\n"); exit(1); }
     return ctx;
@@ -134,6 +219,8 @@ static void run_single(struct llama_context * ctx, const struct llama_vocab * vo
 }
 
 // one prompt, reference (CPU only) and test in lockstep
+static struct trace * g_rtrace, * g_ttrace; // --trace
+
 static void run_pair(struct llama_context * rctx, struct llama_context * tctx, const struct llama_vocab * vocab,
                      int n_vocab, llama_token * toks, int n_prompt, const struct opts * o, int k) {
     llama_token rcur = 0, tcur = 0;
@@ -143,6 +230,11 @@ static void run_pair(struct llama_context * rctx, struct llama_context * tctx, c
     for (int step = 0; step < o->n_predict; step++) {
         const float * rl = step == 0 ? decode(rctx, toks, n_prompt, step) : decode(rctx, &rcur, 1, step);
         const float * tl = step == 0 ? decode(tctx, toks, n_prompt, step) : decode(tctx, &tcur, 1, step);
+        if (g_rtrace) {
+            trace_compare(g_rtrace, g_ttrace, step);
+            trace_reset(g_rtrace);
+            trace_reset(g_ttrace);
+        }
         int rb, rs, tb, ts;
         top2(rl, n_vocab, &rb, &rs);
         top2(tl, n_vocab, &tb, &ts);
@@ -177,10 +269,11 @@ int main(int argc, char ** argv) {
     const char * prompts_file = NULL;
     const char * logits_out = NULL;
     struct opts o = { 16, 2, 256, 0 };
-    int ngl = 99, repack = 1, pair = 0;
+    int ngl = 99, repack = 1, pair = 0, trace = 0;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         if (!strcmp(a, "--pair")) { pair = 1; continue; }
+        if (!strcmp(a, "--trace")) { trace = 1; continue; }
         const char * v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) usage(argv[0]);
         if      (!strcmp(a, "-m"))        model_path = v;
@@ -196,7 +289,12 @@ int main(int argc, char ** argv) {
         else usage(argv[0]);
         i++;
     }
-    if (!model_path || o.n_predict < 0) usage(argv[0]);
+    if (!model_path || o.n_predict < 0 || (trace && !pair)) usage(argv[0]);
+    if (trace) {
+        g_rtrace = calloc(1, sizeof(struct trace));
+        g_ttrace = calloc(1, sizeof(struct trace));
+        g_rtrace->on = g_ttrace->on = 1;
+    }
 
     // the prompts: -p, or every non-empty line of --prompts
     char ** prompts = NULL;
@@ -229,7 +327,7 @@ int main(int argc, char ** argv) {
     if (!model) { fprintf(stderr, "llama_probe: cannot load %s\n", model_path); return 1; }
     const struct llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
-    struct llama_context * ctx = make_ctx(model, &o, 1);
+    struct llama_context * ctx = make_ctx(model, &o, 1, g_ttrace);
 
     // --pair: the reference, CPU only: an empty device list (not NULL, which means "every GPU
     // device", the RPC device included), no repacking, no op offload
@@ -243,7 +341,7 @@ int main(int argc, char ** argv) {
         rp.use_extra_bufts = false;
         rmodel = llama_model_load_from_file(model_path, rp);
         if (!rmodel) { fprintf(stderr, "llama_probe: cannot load %s (reference)\n", model_path); return 1; }
-        rctx = make_ctx(rmodel, &o, 0);
+        rctx = make_ctx(rmodel, &o, 0, g_rtrace);
     }
 
     FILE * lf = logits_out ? fopen(logits_out, "wb") : NULL;
