@@ -46,6 +46,7 @@
 // no op fusion) and prints, per step, the first node in graph order whose values are not bit
 // for bit those of the reference: "trace step S node NAME op OP max|d| D (K of N differ)".
 // Slow; meant for one prompt, to find which op departs from ggml-cpu first.
+// LLAMA_PROBE_TRACE_DUMP=DIR also writes every node of both runs to DIR as raw f32.
 //
 // The CPU backend repacks quantized weights it holds itself (CPU_REPACK buffers, e.g.
 // q4_K_8x8) and then runs other kernels than an RPC server, which keeps weights in plain
@@ -100,7 +101,20 @@ static void trace_reset(struct trace * tr) {
 // same name, same occurrence; by position when both graphs list the same names in the same
 // order. Unnamed nodes ("node_N", e.g. the input GET_ROWS, whose observed copy at decode steps
 // does not hold the values the graph used) are skipped.
+static void trace_dump(const struct trace * tr, const char * dir, const char * who, int step) {
+    for (int k = 0; k < tr->n; k++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.step%d.%04d.%s.f32", dir, who, step, k, tr->name[k]);
+        FILE * f = fopen(path, "wb");
+        if (!f) { perror(path); return; }
+        fwrite(tr->data[k], sizeof(float), (size_t) tr->ne[k], f);
+        fclose(f);
+    }
+}
+
 static void trace_compare(const struct trace * r, const struct trace * t, int step) {
+    const char * dump = getenv("LLAMA_PROBE_TRACE_DUMP"); // a directory: every node, as raw f32
+    if (dump) { trace_dump(r, dump, "ref", step); trace_dump(t, dump, "test", step); }
     int same = r->n == t->n;
     for (int k = 0; same && k < r->n; k++) same = !strcmp(r->name[k], t->name[k]);
     for (int k = 0; k < r->n; k++) {
