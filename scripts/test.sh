@@ -39,7 +39,7 @@ cargo nextest run --workspace --no-fail-fast
 # doc tests are not run by nextest
 cargo test --workspace --doc
 
-step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation"
+step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation, fidelity"
 # Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases), and of
 # every further op the CPU backend implements ("extra"), whose types are all among the
 # supported ones, against llama.cpp's CPU backend (b11434); then greedy
@@ -49,6 +49,11 @@ step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation
 # plus the negative check (b12032's client against our --protocol 8.0.0 must fail, naming 8.0.1).
 bash scripts/conformance/test-backend-ops.sh --ops default,fused,extra --scope listed --case-timeout 600
 bash scripts/conformance/e2e.sh --strict
+# Fidelity on models we did not make (short version: one model seed, 10 random prompts, 40
+# tokens; the full run, 20 prompts x 3 seeds x 64 tokens, is the script's default and is run by
+# hand): greedy generation token by token against b11434's CPU backend; fails on a divergence
+# at a reference top-2 margin above the type's threshold (tests/conformance/README.md, section 4).
+bash scripts/conformance/fidelity.sh --seeds 1 --prompts 10 -n 40
 
 step "fuzz (${FUZZ_SECONDS}s per target)"
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then

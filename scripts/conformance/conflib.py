@@ -1,4 +1,4 @@
-"""Shared helpers for the conformance drivers (tbo_run.py, e2e_run.py, bench_run.py)."""
+"""Shared helpers for the conformance drivers (tbo_run.py, e2e_run.py, bench_run.py, fidelity_run.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,19 @@ LOG_TAG = "conf"
 
 def log(msg: str) -> None:
     print(f"[{LOG_TAG} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, env, timeout, out_path, err_path):
+    """Run cmd with stdout/stderr to files; (exit status or "timeout", seconds)."""
+    t0 = time.time()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
+            p = subprocess.run(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                               timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return rc, time.time() - t0
 
 
 def free_port() -> int:

@@ -28,25 +28,12 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 import compare_probe
 import conflib
-from conflib import Server, log
+from conflib import Server, log, run
 
 conflib.LOG_TAG = "e2e"
-
-
-def run(cmd, env, timeout, out_path, err_path):
-    t0 = time.time()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        try:
-            p = subprocess.run(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                               timeout=timeout)
-            rc = p.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    return rc, time.time() - t0
 
 
 def main() -> int:

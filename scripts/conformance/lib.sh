@@ -14,7 +14,8 @@ PEER_TAG=b11434
 PEER_BUILD_SUBDIR=""
 # build outputs and logs (git-ignored)
 CONF_OUT="${CONFORMANCE_OUT:-$REPO_ROOT/target/conformance}"
-OUR_SERVER="${GGML_RPC_OUR_SERVER:-$REPO_ROOT/target/release/ggml-rpc-server}"
+# cargo puts the binary under $CARGO_TARGET_DIR when that is set
+OUR_SERVER="${GGML_RPC_OUR_SERVER:-${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/ggml-rpc-server}"
 
 conf_log() { printf '[%s %s] %s\n' "$(basename "$0")" "$(date +%H:%M:%S)" "$*" >&2; }
 conf_die() { printf '[%s] ERROR: %s\n' "$(basename "$0")" "$*" >&2; exit 2; }

@@ -16,6 +16,8 @@ quantizers instead (Q8_0 and Q4_0 only: gguf-py cannot quantize Q4_K).
 Presets:
   tiny   2 layers, n_embd 256, 4 heads (2 KV heads: GQA), n_ff 256, ctx 512  (~16.6M params,
          almost all in token_embd/output; n_embd 256 so that Q4_K's 256-wide blocks fit)
+  small  4 layers, n_embd 512, 8 heads (4 KV heads), n_ff 1024, ctx 512  (~43M params; the
+         second size of scripts/conformance/fidelity.sh)
   bench  12 layers, n_embd 768, 12 heads, n_ff 2048, ctx 2048, output tied to token_embd
          (~110M params)
 
@@ -67,6 +69,7 @@ TYPES = {
 GRID_TYPES = {GQT.IQ2_XXS, GQT.IQ2_XS, GQT.IQ2_S, GQT.IQ3_XXS, GQT.IQ3_S, GQT.IQ1_S, GQT.IQ1_M}
 PRESETS = {
     "tiny": dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=512, tied=False),
+    "small": dict(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=512, tied=False),
     "bench": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=12, n_ff=2048, n_ctx=2048, tied=True),
 }
 VOCAB_FILE = os.path.join(PEER, "src", "models", "ggml-vocab-llama-spm.gguf")
