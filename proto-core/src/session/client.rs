@@ -119,16 +119,30 @@ impl ClientSession {
         }
         if let Request::GraphCompute(graph) = request {
             let table = self.server_table();
-            let mut wire = graph.clone();
-            for tensor in &mut wire.tensors {
-                tensor.op = table
-                    .op_to_wire(Op(tensor.op))
-                    .ok_or(Error::OpNotInServerTable {
-                        op: tensor.op,
-                        table,
-                    })?;
+            let wire_ops = graph
+                .tensors
+                .iter()
+                .map(|tensor| {
+                    table
+                        .op_to_wire(Op(tensor.op))
+                        .ok_or(Error::OpNotInServerTable {
+                            op: tensor.op,
+                            table,
+                        })
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            // Only a server of an older numbering needs a renumbered copy of the records.
+            if wire_ops
+                .iter()
+                .zip(&graph.tensors)
+                .any(|(&op, t)| op != t.op)
+            {
+                let mut wire = graph.clone();
+                for (tensor, op) in wire.tensors.iter_mut().zip(wire_ops) {
+                    tensor.op = op;
+                }
+                return self.queue(&Request::GraphCompute(wire));
             }
-            return self.queue(&Request::GraphCompute(wire));
         }
         self.queue(request)
     }
