@@ -20,7 +20,8 @@
 //! * `buffers`: host memory (allocation, per-buffer locks, bounds checks, accounting);
 //! * `compute`: graph execution — planning and checking every node, then running ggml's ops on
 //!   the locked buffers with `-t N` threads (`compute/mod.rs` says where each part is);
-//! * `meminfo`: the host's memory figures and CPU name.
+//! * `meminfo`: the host's memory figures and CPU name;
+//! * `ring`: the communicator (a ring all-reduce over TCP, any number of servers).
 //!
 //! `unsafe` is denied crate-wide and allowed in exactly three modules, each block with a
 //! `// SAFETY:` argument: `compute/memory.rs` (raw access to the locked buffers' bytes, checked
@@ -32,8 +33,11 @@
 mod buffers;
 mod compute;
 mod meminfo;
+mod ring;
 
-use proto_core::backend::{AllocatedBuffer, Backend, BufferId, DeviceMemory, TensorLocation};
+use proto_core::backend::{
+    AllocatedBuffer, Backend, Bootstrap, BufferId, Communicator, DeviceMemory, TensorLocation,
+};
 use proto_core::graph::Graph;
 use proto_core::wire::RpcTensor;
 use proto_core::{Error, Result};
@@ -245,6 +249,21 @@ impl Backend for CpuBackend {
             return Err(Error::InvalidDevice { device, count: 1 });
         }
         compute::run(&self.buffers, &self.pool, graph)
+    }
+
+    fn communicator_available(&self, device: u32) -> bool {
+        device == 0
+    }
+
+    fn communicator_init(
+        &self,
+        device: u32,
+        bootstrap: &mut dyn Bootstrap,
+    ) -> Result<Box<dyn Communicator>> {
+        if device != 0 {
+            return Err(Error::InvalidDevice { device, count: 1 });
+        }
+        Ok(Box::new(ring::Ring::establish(bootstrap)?))
     }
 }
 

@@ -4,8 +4,9 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use clap::Parser;
+use proto_core::comm::LinkVariant;
 use proto_core::wire::ProtocolVersion;
-use shell_common::{DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
+use shell_common::{DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
 
 use crate::shells;
 
@@ -48,6 +49,20 @@ pub struct Args {
     #[arg(long, default_value = "8", value_parser = parse_protocol)]
     pub protocol: ProtocolVersion,
 
+    /// The server-to-server link of protocol 8.0.1 for tensor parallelism (COMM_INIT):
+    /// `ranked`, the newest upstream link (llama.cpp with PR #28967; any number of ranks), or
+    /// `pairwise`, the link of b12032 up to that change (two ranks). Every server of a group
+    /// must use the same: nothing on the wire tells them apart. Protocol 8.0.0 always uses
+    /// its own (pairwise) link.
+    #[arg(long, default_value = "ranked", value_parser = parse_comm_link)]
+    pub comm_link: LinkVariant,
+
+    /// Bound in seconds on every wait for another server of a comm group: the link set-up
+    /// (rank 0 waiting for its peers), each exchange, each all-reduce (the reference waits
+    /// forever).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_COMM_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub comm_timeout: u64,
+
     /// Most clients served at once; further connections are closed immediately.
     #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
     pub max_clients: usize,
@@ -84,6 +99,14 @@ pub struct Args {
 
 /// The reference accepts only a dotted-quad IPv4 literal (no names), and rejects
 /// 255.255.255.255, which its parser cannot tell from an error.
+fn parse_comm_link(text: &str) -> Result<LinkVariant, String> {
+    match text {
+        "ranked" => Ok(LinkVariant::Ranked),
+        "pairwise" => Ok(LinkVariant::V8_0),
+        _ => Err(format!("unknown comm link {text:?} (ranked or pairwise)")),
+    }
+}
+
 fn parse_protocol(text: &str) -> Result<ProtocolVersion, String> {
     match text {
         "7" | "7.0.0" => Ok(ProtocolVersion::V7_0_0),

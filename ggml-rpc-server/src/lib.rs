@@ -90,6 +90,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.memory_quota = args.memory_quota;
     config.max_message_size = args.max_message_size;
     config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
+    config.comm_link = args.comm_link;
+    config.comm_timeout = std::time::Duration::from_secs(args.comm_timeout);
+    // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
+    config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
 
     let shell =
         shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;

@@ -5,12 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Backend;
+use proto_core::comm::LinkVariant;
 use proto_core::dispatch::DispatcherConfig;
 use proto_core::driver::Connection;
 use proto_core::graph::GraphLimits;
 use proto_core::session::ServerSessionConfig;
 use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
+
+use crate::comm_link::{CommLinks, CommSettings};
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 64;
@@ -42,6 +45,14 @@ pub struct ServerConfig {
     /// Bound on setting up a comm link (COMM_INIT: rank 0 waiting for its peer) and on each
     /// all-reduce exchange; the reference waits forever.
     pub comm_timeout: Duration,
+    /// The comm link of protocol 8.0.1: the newest upstream's ranked link (default) or the
+    /// pairwise one of plain 8.0.1. Two 8.0.1 servers with and without the newest change
+    /// cannot tell each other apart on the wire, so the deployer chooses. Protocol 8.0.0
+    /// always uses the 8.0.0 link.
+    pub comm_link: LinkVariant,
+    /// Whether to vote for the backend's own communicator where it offers one (the
+    /// reference's `GGML_RPC_NO_BACKEND_COMMUNICATOR` clears it).
+    pub backend_communicator: bool,
     /// How long a shutdown waits for open connections to finish their current command before
     /// they are dropped.
     pub shutdown_grace: Duration,
@@ -57,6 +68,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("tensor_cache", &self.tensor_cache.is_some())
             .field("graph_limits", &self.graph_limits)
             .field("comm_timeout", &self.comm_timeout)
+            .field("comm_link", &self.comm_link)
+            .field("backend_communicator", &self.backend_communicator)
             .field("shutdown_grace", &self.shutdown_grace)
             .finish()
     }
@@ -65,7 +78,8 @@ impl std::fmt::Debug for ServerConfig {
 impl ServerConfig {
     /// Defaults for a version: [`DEFAULT_MAX_CLIENTS`], no quota,
     /// [`DEFAULT_MAX_MESSAGE_SIZE`], no cache, default graph limits,
-    /// [`DEFAULT_COMM_TIMEOUT`], [`DEFAULT_SHUTDOWN_GRACE`].
+    /// [`DEFAULT_COMM_TIMEOUT`], the ranked comm link, the backend's communicator where it
+    /// offers one, [`DEFAULT_SHUTDOWN_GRACE`].
     pub fn new(version: ProtocolVersion) -> ServerConfig {
         ServerConfig {
             version,
@@ -75,6 +89,8 @@ impl ServerConfig {
             tensor_cache: None,
             graph_limits: GraphLimits::default(),
             comm_timeout: DEFAULT_COMM_TIMEOUT,
+            comm_link: LinkVariant::Ranked,
+            backend_communicator: true,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
@@ -98,8 +114,21 @@ impl ServerConfig {
         Ok(ConnectionConfig {
             session,
             dispatcher,
-            comm_timeout: self.comm_timeout,
+            comm: CommSettings {
+                variant: self.link_variant(),
+                backend_communicator: self.backend_communicator,
+                timeout: self.comm_timeout,
+            },
         })
+    }
+
+    /// The comm link this server sets up: the 8.0.0 link below 8.0.1, else the chosen one.
+    pub fn link_variant(&self) -> LinkVariant {
+        if self.version < ProtocolVersion::V8_0_1 {
+            LinkVariant::V8_0
+        } else {
+            self.comm_link
+        }
     }
 }
 
@@ -110,8 +139,8 @@ pub struct ConnectionConfig {
     pub session: ServerSessionConfig,
     /// Settings of the connection's dispatcher (version, quota, cache, graph limits).
     pub dispatcher: DispatcherConfig,
-    /// Bound on setting up a comm link and on each all-reduce exchange.
-    pub comm_timeout: Duration,
+    /// How comm links are set up, and the bound on every wait for a peer.
+    pub comm: CommSettings,
 }
 
 impl ConnectionConfig {
@@ -123,6 +152,11 @@ impl ConnectionConfig {
         direct_io: bool,
     ) -> proto_core::Result<Connection> {
         Connection::new(backend, &self.session, &self.dispatcher, direct_io)
+    }
+
+    /// The comm state of a new connection.
+    pub fn comm_links(&self) -> CommLinks {
+        CommLinks::new(self.comm)
     }
 }
 
@@ -141,6 +175,14 @@ mod tests {
         let connection = config.connection_config().unwrap();
         assert_eq!(connection.session.max_message_size, 1234);
         assert_eq!(connection.dispatcher.memory_quota, Some(99));
-        assert_eq!(connection.comm_timeout, Duration::from_secs(7));
+        assert_eq!(connection.comm.timeout, Duration::from_secs(7));
+        assert_eq!(connection.comm.variant, LinkVariant::V8_0);
+        let mut newest = ServerConfig::new(ProtocolVersion::V8_0_1);
+        assert_eq!(newest.link_variant(), LinkVariant::Ranked);
+        newest.comm_link = LinkVariant::V8_0;
+        assert_eq!(
+            newest.connection_config().unwrap().comm.variant,
+            LinkVariant::V8_0
+        );
     }
 }

@@ -136,7 +136,7 @@ pub async fn serve_connection(
     let mut driver = Driver {
         core: Some(Box::new(Core {
             conn: config.connect(backend, true)?,
-            links: CommLinks::new(config.comm_timeout),
+            links: config.comm_links(),
         })),
         dispatch: tracing::dispatcher::get_default(Clone::clone),
     };

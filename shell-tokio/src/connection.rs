@@ -146,7 +146,7 @@ where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
     let mut conn = config.connect(backend, stream.socket().is_some())?;
-    let mut links = CommLinks::new(config.comm_timeout);
+    let mut links = config.comm_links();
     let result = serve_client(stream, &mut conn, &mut links, stop, blocking).await;
     // Everything the client held goes back here, off the worker's other clients if it is much.
     if conn.heavy_to_free() {

@@ -48,7 +48,7 @@ impl Core {
     ) -> proto_core::Result<Core> {
         Ok(Core {
             conn: config.connect(backend, true)?,
-            links: CommLinks::new(config.comm_timeout),
+            links: config.comm_links(),
             outbox: SendQueue::new(),
         })
     }

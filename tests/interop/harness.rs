@@ -568,6 +568,16 @@ impl OurServer {
 
     /// Starts a server on the shell called `shell`.
     pub fn start_on(shell: &str, version: ProtocolVersion, cache_dir: Option<&Path>) -> OurServer {
+        let mut config = shell_tokio::ServerConfig::new(version);
+        if let Some(dir) = cache_dir {
+            let cache = shell_tokio::FsTensorCache::open(dir).expect("open tensor cache");
+            config.tensor_cache = Some(Arc::new(cache));
+        }
+        OurServer::start_with(shell, config)
+    }
+
+    /// Starts a server on the shell called `shell` with `config`.
+    pub fn start_with(shell: &str, config: shell_tokio::ServerConfig) -> OurServer {
         init_logging();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("local_addr");
@@ -575,11 +585,6 @@ impl OurServer {
             threads: 2,
             ..backend_cpu::CpuConfig::default()
         }));
-        let mut config = shell_tokio::ServerConfig::new(version);
-        if let Some(dir) = cache_dir {
-            let cache = shell_tokio::FsTensorCache::open(dir).expect("open tensor cache");
-            config.tensor_cache = Some(Arc::new(cache));
-        }
         let served = backend.clone() as Arc<dyn proto_core::backend::Backend>;
         let server = ggml_rpc_server::shells::start(shell, listener, served, config)
             .unwrap_or_else(|error| panic!("starting our server on the {shell} shell: {error:#}"));

@@ -4,12 +4,14 @@
 //! byte offsets that the dispatcher has bounds-checked against the buffer. It never sees wire
 //! handles or wire addresses, and it does no I/O of the connection.
 
+pub mod communicator;
 pub mod memory;
 
 use crate::error::Result;
 use crate::graph::Graph;
 use crate::wire::RpcTensor;
 
+pub use communicator::{Bootstrap, Communicator};
 pub use memory::MemoryBackend;
 
 /// A backend's own name for one of its buffers.
@@ -123,24 +125,22 @@ pub trait Backend: Send + Sync {
     fn graph_compute(&self, device: u32, graph: &Graph) -> Result<()>;
     /// Waits until every device is idle (protocol 8 launches graphs asynchronously).
     fn synchronize(&self) {}
-    /// The per-rank block this device contributes to a backend communicator's bootstrap
-    /// exchange, or `None` when it offers none (then the pairwise path is used).
-    fn communicator_offer(&self, device: u32) -> Option<Vec<u8>> {
+    /// Whether `device` offers a multi-process communicator (its vote in the newest link's
+    /// path negotiation, PROTOCOL.md §6.3). Default: no, and the pairwise link is used.
+    fn communicator_available(&self, device: u32) -> bool {
         let _ = device;
-        None
+        false
     }
-    /// Builds the backend communicator from the gathered, rank-ordered blocks.
-    fn communicator_init(&self, device: u32, rank: u32, world: u32, gathered: &[u8]) -> Result<()> {
-        let _ = (device, rank, world, gathered);
-        Err(crate::Error::Backend("no backend communicator".into()))
-    }
-    /// Sums an F32 tensor in place across the backend communicator.
-    fn communicator_allreduce(&self, device: u32, at: TensorLocation, elements: u64) -> Result<()> {
-        let _ = (device, at, elements);
-        Err(crate::Error::Backend("no backend communicator".into()))
-    }
-    /// Releases the backend communicator of a device.
-    fn communicator_free(&self, device: u32) {
-        let _ = device;
+    /// Builds this rank's communicator for `device`, exchanging what it needs through
+    /// `bootstrap`; called on every rank once all voted yes.
+    fn communicator_init(
+        &self,
+        device: u32,
+        bootstrap: &mut dyn Bootstrap,
+    ) -> Result<Box<dyn Communicator>> {
+        let _ = (device, bootstrap);
+        Err(crate::Error::Comm(crate::comm::CommError::NoCommunicator {
+            device,
+        }))
     }
 }

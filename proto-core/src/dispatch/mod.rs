@@ -463,9 +463,7 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             }
             Request::CommFree { device } => {
                 let device = self.device(device)?;
-                if self.communicators.remove(&device) {
-                    self.backend.communicator_free(device);
-                }
+                self.communicators.remove(&device);
                 Ok(Outcome::CommFree { device })
             }
         }
@@ -747,9 +745,8 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
     pub fn close(&mut self) {
         self.stream = None;
         self.graphs.invalidate_all();
-        for device in self.communicators.drain() {
-            self.backend.communicator_free(device);
-        }
+        // The links and communicators themselves belong to the shell's comm state and go with it.
+        self.communicators.clear();
         let backend = self.backend.clone();
         for entry in self.buffers.drain() {
             backend.free_buffer(entry.id);

@@ -1,0 +1,354 @@
+//! The CPU device's communicator: a ring all-reduce over TCP between the ranks' servers, for
+//! any world size (upstream has no CPU communicator: its CPU servers vote no and fall back to
+//! the pairwise link, which only exists at world 2).
+//!
+//! Set-up, through one bootstrap exchange over the comm sockets: every rank listens on an
+//! ephemeral port and contributes `ip (4) | port (2, LE) | token (8, LE)`; it then connects to
+//! the next rank, introduces itself with `next's token | own rank | world`, and accepts the
+//! previous rank (a connection with the wrong introduction is dropped, and accepting goes on
+//! until the deadline). At world 2 the two ranks hold one connection per direction.
+//!
+//! All-reduce of `n` f32 on `world` ranks: the tensor is cut into `world` chunks; a
+//! reduce-scatter of `world − 1` steps leaves chunk `(rank + 1) % world` fully summed on `rank`,
+//! an all-gather of `world − 1` steps hands every finished chunk around. Each link carries
+//! `2 (world − 1) / world` of the tensor. Chunks travel in segments, and a segment is passed
+//! on as soon as it is summed, so the steps overlap. Above
+//! [`BF16_WIRE_MIN_ELEMENTS`](proto_core::comm::BF16_WIRE_MIN_ELEMENTS) the wire carries bf16
+//! as the pairwise link does; the owner of a finished chunk rounds its own copy to bf16 too,
+//! so every rank ends with the same bits. Sends run on a thread of their own; every read and
+//! write is bounded by the comm timeout.
+
+use std::hash::BuildHasher;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use proto_core::backend::{Backend, Bootstrap, Communicator, TensorLocation};
+use proto_core::comm::bf16::{bf16_to_f32, f32_to_bf16};
+use proto_core::comm::{accumulate, encode_partial, CommError, WireFormat};
+use proto_core::{Error, Result};
+
+/// Bytes each rank contributes to the set-up exchange.
+const BLOCK: usize = 14;
+/// Bytes of the introduction a rank sends to the next one.
+const HELLO: usize = 16;
+/// Elements per segment: the unit that is passed on as soon as it is summed.
+const SEGMENT: usize = 1 << 18;
+const POLL: Duration = Duration::from_millis(5);
+
+/// A ring of TCP connections: to the next rank and from the previous one.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    rank: u32,
+    world: u32,
+    to_next: TcpStream,
+    from_prev: TcpStream,
+    timeout: Duration,
+}
+
+impl Ring {
+    /// Builds this rank's ring through one bootstrap exchange.
+    pub(crate) fn establish(bootstrap: &mut dyn Bootstrap) -> Result<Ring> {
+        let (rank, world, timeout) = (bootstrap.rank(), bootstrap.world(), bootstrap.timeout());
+        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(comm)?;
+        listener.set_nonblocking(true).map_err(comm)?;
+        let port = listener.local_addr().map_err(comm)?.port();
+        let token = std::collections::hash_map::RandomState::new().hash_one((rank, port));
+        let mut block = [0u8; BLOCK];
+        block[..4].copy_from_slice(&bootstrap.local_ip().octets());
+        block[4..6].copy_from_slice(&port.to_le_bytes());
+        block[6..].copy_from_slice(&token.to_le_bytes());
+        let gathered = bootstrap.exchange(&block)?;
+        let next = (rank + 1) % world;
+        let prev = (rank + world - 1) % world;
+        let (next_addr, next_token) = peer_block(&gathered, next)?;
+        let deadline = Instant::now() + timeout;
+
+        let mut to_next = connect(next_addr, deadline, timeout)?;
+        let mut hello = [0u8; HELLO];
+        hello[..8].copy_from_slice(&next_token.to_le_bytes());
+        hello[8..12].copy_from_slice(&rank.to_le_bytes());
+        hello[12..].copy_from_slice(&world.to_le_bytes());
+        to_next
+            .write_all(&hello)
+            .map_err(|e| io_error(e, timeout))?;
+        let from_prev = accept_prev(&listener, token, prev, world, deadline, timeout)?;
+        Ok(Ring {
+            rank,
+            world,
+            to_next,
+            from_prev,
+            timeout,
+        })
+    }
+}
+
+impl Communicator for Ring {
+    fn allreduce(
+        &mut self,
+        backend: &dyn Backend,
+        at: TensorLocation,
+        elements: u64,
+    ) -> Result<()> {
+        let len = usize::try_from(elements)
+            .ok()
+            .and_then(|n| n.checked_mul(4))
+            .ok_or(Error::SizeOverflow("all-reduce tensor"))?;
+        let mut bytes = vec![0u8; len];
+        backend.read(at, &mut bytes)?;
+        let mut values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        self.reduce(&mut values)?;
+        for (out, value) in bytes.chunks_exact_mut(4).zip(&values) {
+            out.copy_from_slice(&value.to_le_bytes());
+        }
+        backend.write(at, &bytes)
+    }
+}
+
+impl Ring {
+    /// Sums `values` across the ring in place.
+    fn reduce(&mut self, values: &mut [f32]) -> Result<()> {
+        let (rank, world) = (self.rank as usize, self.world as usize);
+        let format = WireFormat::select(true, values.len() as u64);
+        let timeout = self.timeout;
+        let deadline = Instant::now() + timeout;
+        let to_next = &mut self.to_next;
+        let from_prev = &mut self.from_prev;
+        std::thread::scope(|scope| {
+            let (queue, outbox) = mpsc::channel::<bytes::Bytes>();
+            let sender = scope.spawn(move || -> Result<()> {
+                for data in outbox {
+                    to_next.write_all(&data).map_err(|e| io_error(e, timeout))?;
+                }
+                Ok(())
+            });
+            let received = receive_side(
+                values, rank, world, format, &queue, from_prev, deadline, timeout,
+            );
+            drop(queue);
+            let sent = sender
+                .join()
+                .unwrap_or(Err(Error::Comm(CommError::InvalidState {
+                    operation: "ring sender thread panicked",
+                })));
+            // A receive error explains a failed send (the queue closed), not the other way round.
+            received.and(sent)
+        })
+    }
+}
+
+/// The receiving half of one all-reduce; queues every segment the sender passes on.
+#[allow(clippy::too_many_arguments)]
+fn receive_side(
+    values: &mut [f32],
+    rank: usize,
+    world: usize,
+    format: WireFormat,
+    queue: &mpsc::Sender<bytes::Bytes>,
+    from_prev: &mut TcpStream,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let send = |data: bytes::Bytes| {
+        queue
+            .send(data)
+            .map_err(|_| Error::Comm(CommError::ConnectionClosed { peer: None }))
+    };
+    let n = values.len();
+    let mut wire = Vec::new();
+    for segment in segments(chunk(n, world, rank)) {
+        send(encode_partial(&values[segment], format))?;
+    }
+    // Reduce-scatter: step s receives chunk (rank − s − 1) and passes it on summed.
+    for step in 0..world - 1 {
+        let c = (rank + 2 * world - step - 1) % world;
+        let last = step == world - 2;
+        for segment in segments(chunk(n, world, c)) {
+            let part = &mut values[segment];
+            read_wire(
+                from_prev,
+                &mut wire,
+                part.len() * format.element_size(),
+                deadline,
+                timeout,
+            )?;
+            accumulate(part, &wire, format)?;
+            if last && format == WireFormat::Bf16 {
+                // The finished chunk: every rank must hold what the others receive.
+                for v in part.iter_mut() {
+                    *v = bf16_to_f32(f32_to_bf16(*v));
+                }
+            }
+            send(encode_partial(part, format))?;
+        }
+    }
+    // All-gather: step s receives finished chunk (rank − s) and passes it on unless it is the
+    // one the next rank finished.
+    for step in 0..world - 1 {
+        let c = (rank + world - step) % world;
+        for segment in segments(chunk(n, world, c)) {
+            let part = &mut values[segment];
+            read_wire(
+                from_prev,
+                &mut wire,
+                part.len() * format.element_size(),
+                deadline,
+                timeout,
+            )?;
+            decode(part, &wire, format);
+            if step < world - 2 {
+                send(bytes::Bytes::copy_from_slice(&wire))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Chunk `c` of `n` elements cut into `world` nearly equal chunks.
+fn chunk(n: usize, world: usize, c: usize) -> Range<usize> {
+    let at = |i: usize| (n as u128 * i as u128 / world as u128) as usize;
+    at(c)..at(c + 1)
+}
+
+/// The segments of a chunk.
+fn segments(range: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+    range
+        .clone()
+        .step_by(SEGMENT)
+        .map(move |start| start..(start + SEGMENT).min(range.end))
+}
+
+/// Replaces `values` with the wire's.
+fn decode(values: &mut [f32], wire: &[u8], format: WireFormat) {
+    match format {
+        WireFormat::F32 => {
+            for (v, b) in values.iter_mut().zip(wire.chunks_exact(4)) {
+                *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WireFormat::Bf16 => {
+            for (v, b) in values.iter_mut().zip(wire.chunks_exact(2)) {
+                *v = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+    }
+}
+
+/// Reads exactly `len` bytes into `buf` before `deadline`.
+fn read_wire(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    len: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    buf.resize(len, 0);
+    let mut filled = 0;
+    while filled < len {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out(timeout));
+        }
+        stream.set_read_timeout(Some(left)).map_err(comm)?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(Error::Comm(CommError::ConnectionClosed { peer: None })),
+            Ok(k) => filled += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_error(e, timeout)),
+        }
+    }
+    Ok(())
+}
+
+/// The address and token rank `peer` contributed.
+fn peer_block(gathered: &[u8], peer: u32) -> Result<(SocketAddr, u64)> {
+    let start = peer as usize * BLOCK;
+    let block = gathered
+        .get(start..start + BLOCK)
+        .ok_or(Error::Comm(CommError::UnknownPeer { peer }))?;
+    let ip = Ipv4Addr::new(block[0], block[1], block[2], block[3]);
+    let port = u16::from_le_bytes([block[4], block[5]]);
+    let mut token = [0u8; 8];
+    token.copy_from_slice(&block[6..]);
+    Ok((SocketAddr::from((ip, port)), u64::from_le_bytes(token)))
+}
+
+/// Connects to the next rank's ring listener (which was bound before the exchange).
+fn connect(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out(timeout));
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(stream) => {
+                stream.set_nodelay(true).map_err(comm)?;
+                stream.set_write_timeout(Some(timeout)).map_err(comm)?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::thread::sleep(POLL),
+            Err(e) => return Err(io_error(e, timeout)),
+        }
+    }
+}
+
+/// Accepts the previous rank: the first connection that introduces itself with this rank's
+/// token, rank `prev` and the same world.
+fn accept_prev(
+    listener: &TcpListener,
+    token: u64,
+    prev: u32,
+    world: u32,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    loop {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                stream.set_nonblocking(false).map_err(comm)?;
+                let mut hello = Vec::new();
+                if read_wire(&mut stream, &mut hello, HELLO, deadline, timeout).is_ok()
+                    && hello[..8] == token.to_le_bytes()
+                    && hello[8..12] == prev.to_le_bytes()
+                    && hello[12..] == world.to_le_bytes()
+                {
+                    stream.set_write_timeout(Some(timeout)).map_err(comm)?;
+                    return Ok(stream);
+                }
+                // Not the previous rank: drop it and go on waiting.
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(timed_out(timeout));
+                }
+                std::thread::sleep(POLL);
+            }
+            Err(e) => return Err(comm(e)),
+        }
+    }
+}
+
+fn comm(error: io::Error) -> Error {
+    Error::Comm(error.into())
+}
+
+fn io_error(error: io::Error, timeout: Duration) -> Error {
+    match error.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(timeout),
+        _ => comm(error),
+    }
+}
+
+fn timed_out(timeout: Duration) -> Error {
+    Error::Comm(CommError::Timeout {
+        millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,37 @@
+//! A backend's own multi-process communicator (PROTOCOL.md §6.3 "backend communicator", §6.5).
+//!
+//! With the newest link every rank votes whether its backend offers a communicator; when all do,
+//! each backend builds one through further bootstrap exchanges over the comm sockets (upstream:
+//! NCCL's unique id), the sockets close, and COMM_ALLREDUCE is handed to the communicator. The
+//! shell owns the sockets and lends them as a [`Bootstrap`]; the backend owns the
+//! [`Communicator`] it builds (one per client connection and device, dropped with them).
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::{Backend, TensorLocation};
+use crate::comm::CommError;
+use crate::error::Result;
+
+/// The comm sockets of a group being set up, lent to [`Backend::communicator_init`].
+pub trait Bootstrap {
+    /// This server's rank.
+    fn rank(&self) -> u32;
+    /// The number of ranks.
+    fn world(&self) -> u32;
+    /// One rank-ordered all-gather: every rank passes a block of the same size and gets the
+    /// `world` blocks in rank order back (PROTOCOL.md §6.3, "bootstrap exchange").
+    fn exchange(&mut self, block: &[u8]) -> std::result::Result<Vec<u8>, CommError>;
+    /// The address this server's peers reach it at (the local address of its comm sockets).
+    fn local_ip(&self) -> Ipv4Addr;
+    /// The bound on every wait for a peer, set by the deployer (the reference has none).
+    fn timeout(&self) -> Duration;
+}
+
+/// A built communicator: sums F32 tensors in place across its ranks.
+pub trait Communicator: Send + std::fmt::Debug {
+    /// Sums the `elements` f32 at `at` (in `backend`'s memory) across every rank; every rank
+    /// ends with the same values. An error leaves the communicator unusable.
+    fn allreduce(&mut self, backend: &dyn Backend, at: TensorLocation, elements: u64)
+        -> Result<()>;
+}

@@ -1,0 +1,157 @@
+//! Blocking socket steps every comm link stage shares, each bounded by a deadline.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use proto_core::comm::{CommError, Transmit};
+
+/// The reference's connect retries: 100 tries, 50 ms apart.
+const CONNECT_TRIES: u32 = 100;
+const CONNECT_PAUSE: Duration = Duration::from_millis(50);
+const ACCEPT_POLL: Duration = Duration::from_millis(5);
+
+/// Rank 0's listening socket on `0.0.0.0:port` (std sets SO_REUSEADDR on Unix, as the
+/// reference does).
+pub(super) fn listen(port: u16) -> Result<TcpListener, CommError> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Accepts the next connection before `deadline`.
+pub(super) fn accept(
+    listener: &TcpListener,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<TcpStream, CommError> {
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                prepare(&stream, timeout)?;
+                tracing::info!(%peer, "comm link: peer connected");
+                return Ok(stream);
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(timed_out(timeout));
+                }
+                std::thread::sleep(ACCEPT_POLL);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Connects to `host:port`, retrying while nothing listens there yet (as the reference: 100
+/// tries, 50 ms apart), never past `deadline`.
+pub(super) fn connect(
+    host: &str,
+    port: u16,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<TcpStream, CommError> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()?
+        .filter(SocketAddr::is_ipv4)
+        .collect();
+    let mut last = io::Error::from(io::ErrorKind::AddrNotAvailable);
+    for _ in 0..CONNECT_TRIES {
+        for addr in &addrs {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out(timeout));
+            }
+            match TcpStream::connect_timeout(addr, left) {
+                Ok(stream) => {
+                    prepare(&stream, timeout)?;
+                    tracing::info!(%addr, "comm link: connected");
+                    return Ok(stream);
+                }
+                Err(error) => last = error,
+            }
+        }
+        std::thread::sleep(CONNECT_PAUSE);
+    }
+    Err(last.into())
+}
+
+/// TCP_NODELAY as the reference, the shared socket tuning, and a bound on every write (a
+/// stalled peer would otherwise block a full send buffer forever).
+fn prepare(stream: &TcpStream, timeout: Duration) -> Result<(), CommError> {
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(timeout))?;
+    crate::tune_or_log(stream);
+    Ok(())
+}
+
+/// Writes one transmit (the reference's send + flush).
+pub(super) fn write(
+    stream: &mut TcpStream,
+    transmit: &Transmit,
+    timeout: Duration,
+) -> Result<(), CommError> {
+    stream.write_all(&transmit.data).map_err(|error| {
+        if matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            timed_out(timeout)
+        } else {
+            error.into()
+        }
+    })
+}
+
+/// Reads at most `max` bytes (at least one unless EOF) before `deadline`; empty at EOF.
+pub(super) fn read_up_to(
+    stream: &mut TcpStream,
+    max: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<u8>, CommError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timed_out(timeout));
+    }
+    stream.set_read_timeout(Some(left))?;
+    let mut buf = vec![0u8; max.max(1)];
+    match stream.read(&mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(buf)
+        }
+        Err(error)
+            if matches!(
+                error.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(timed_out(timeout))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Offers `data` until the machine consumed all of it (it never reads past what it wants).
+pub(super) fn offer(
+    data: &[u8],
+    mut handle: impl FnMut(&[u8]) -> Result<usize, CommError>,
+) -> Result<(), CommError> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let consumed = handle(rest)?;
+        if consumed == 0 {
+            return Err(CommError::OutOfTurn);
+        }
+        rest = rest.get(consumed..).unwrap_or_default();
+    }
+    Ok(())
+}
+
+pub(super) fn timed_out(timeout: Duration) -> CommError {
+    CommError::Timeout {
+        millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}

@@ -1,0 +1,126 @@
+//! The pairwise link between two ranks: the 8.0.0 set-up (PROTOCOL.md §6.2) and the
+//! all-reduce exchange (§6.4), which the newest link also uses at world 2 when a rank votes
+//! against a backend communicator.
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use proto_core::comm::{CommError, Handshake, LinkVariant, PairwiseAllReduce, WireFormat};
+use proto_core::wire::CommInitRequest;
+
+use super::io;
+
+/// An established link to the other rank of a two-rank group.
+#[derive(Debug)]
+pub struct CommLink {
+    stream: TcpStream,
+    rank: u32,
+    timeout: Duration,
+}
+
+impl CommLink {
+    /// The link over `stream`, whose set-up is complete.
+    pub(super) fn new(stream: TcpStream, rank: u32, timeout: Duration) -> CommLink {
+        CommLink {
+            stream,
+            rank,
+            timeout,
+        }
+    }
+
+    /// This end's rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Sets up the 8.0.0 link that COMM_INIT asks for (world 2 only): rank 0 accepts one
+    /// peer, rank 1 connects; then the caps exchange.
+    pub fn establish(request: &CommInitRequest, timeout: Duration) -> Result<CommLink, CommError> {
+        let port = port_of(request)?;
+        let deadline = Instant::now() + timeout;
+        let (mut stream, handshake) = if request.rank == 0 {
+            let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
+            let listener = io::listen(port)?;
+            (io::accept(&listener, deadline, timeout)?, handshake)
+        } else {
+            let handshake =
+                Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
+            let host = host_of(request)?;
+            (io::connect(&host, port, deadline, timeout)?, handshake)
+        };
+        drive_handshake(&mut stream, handshake, deadline, timeout)?;
+        Ok(CommLink::new(stream, request.rank, timeout))
+    }
+
+    /// The pairwise all-reduce of one tensor; returns the sums.
+    pub fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, CommError> {
+        let format = WireFormat::select(true, local.len() as u64);
+        let mut machine = PairwiseAllReduce::new(self.rank, local, format)?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            while let Some(transmit) = machine.poll_transmit() {
+                io::write(&mut self.stream, &transmit, self.timeout)?;
+            }
+            if machine.is_done() {
+                break;
+            }
+            let data = io::read_up_to(&mut self.stream, machine.wanted(), deadline, self.timeout)?;
+            if data.is_empty() {
+                machine.handle_close()?;
+                return Err(CommError::ConnectionClosed { peer: None });
+            }
+            io::offer(&data, |piece| machine.handle_input(piece))?;
+        }
+        machine.into_result()
+    }
+}
+
+/// COMM_INIT's port, which must be a TCP port.
+pub(super) fn port_of(request: &CommInitRequest) -> Result<u16, CommError> {
+    u16::try_from(request.port)
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or(CommError::InvalidPort { port: request.port })
+}
+
+/// Rank 0's host, which a rank above 0 must be given.
+pub(super) fn host_of(request: &CommInitRequest) -> Result<String, CommError> {
+    let host = request.host_str();
+    if host.is_empty() {
+        return Err(CommError::NoHost { rank: request.rank });
+    }
+    Ok(host)
+}
+
+/// Runs one side's handshake on `stream` to its end. Both ends announce all-zero caps: the
+/// link stays on TCP.
+pub(super) fn drive_handshake(
+    stream: &mut TcpStream,
+    mut handshake: Handshake,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), CommError> {
+    loop {
+        let mut progressed = false;
+        while let Some(transmit) = handshake.poll_transmit() {
+            io::write(stream, &transmit, timeout)?;
+            progressed = true;
+        }
+        // Taking an event (the caps were applied) may release the next transmit.
+        while handshake.poll_event().is_some() {
+            progressed = true;
+        }
+        if handshake.is_done() {
+            return Ok(());
+        }
+        if progressed {
+            continue;
+        }
+        let data = io::read_up_to(stream, handshake.wanted(), deadline, timeout)?;
+        if data.is_empty() {
+            handshake.handle_close()?;
+            return Err(CommError::ConnectionClosed { peer: None });
+        }
+        io::offer(&data, |piece| handshake.handle_input(piece))?;
+    }
+}
