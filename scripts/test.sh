@@ -54,6 +54,10 @@ bash scripts/conformance/e2e.sh --strict
 # hand): greedy generation token by token against b11434's CPU backend; fails on a divergence
 # at a reference top-2 margin above the type's threshold (tests/conformance/README.md, section 4).
 bash scripts/conformance/fidelity.sh --seeds 1 --prompts 10 -n 40
+# Tensor parallelism: b12032+1's llama-completion with -sm tensor across 2, 3 and 4 of our
+# servers (ranked comm link, the CPU ring all-reduce): greedy text identical to CPU-only, and
+# every server ran COMM_ALLREDUCE.
+bash scripts/conformance/tp.sh
 
 step "fuzz (${FUZZ_SECONDS}s per target)"
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then

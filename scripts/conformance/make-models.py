@@ -18,13 +18,17 @@ Presets:
          almost all in token_embd/output; n_embd 256 so that Q4_K's 256-wide blocks fit)
   small  4 layers, n_embd 512, 8 heads (4 KV heads), n_ff 1024, ctx 512  (~43M params; the
          second size of scripts/conformance/fidelity.sh)
+  tp     2 layers, n_embd 384, 12 heads (12 KV heads), n_ff 768, ctx 512: heads and n_ff split
+         evenly over 2, 3 and 4 devices, so llama.cpp's -sm tensor gives every device a slice
+         (with tiny's 2 KV heads, 3 or 4 devices get empty slices and the client reduces
+         without COMM_ALLREDUCE); scripts/conformance/tp.sh
   bench  12 layers, n_embd 768, 12 heads, n_ff 2048, ctx 2048, output tied to token_embd
          (~110M params)
 
 Needs numpy and pyyaml; gguf is imported from the installed package or else from the
 peer's source tree ($GGML_RPC_PEER_CACHE/b11434/src/gguf-py).
 
-Usage: make-models.py [--out DIR] [--preset tiny|bench] [--types f32,f16,q8_0,q4_0,q4_k]
+Usage: make-models.py [--out DIR] [--preset tiny|small|tp|bench] [--types f32,f16,q8_0,q4_0,q4_k]
                       [--seed N] [--quantizer ggml|gguf-py] [--force]
 """
 
@@ -70,6 +74,7 @@ GRID_TYPES = {GQT.IQ2_XXS, GQT.IQ2_XS, GQT.IQ2_S, GQT.IQ3_XXS, GQT.IQ3_S, GQT.IQ
 PRESETS = {
     "tiny": dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=512, tied=False),
     "small": dict(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=512, tied=False),
+    "tp": dict(n_layer=2, n_embd=384, n_head=12, n_head_kv=12, n_ff=768, n_ctx=512, tied=False),
     "bench": dict(n_layer=12, n_embd=768, n_head=12, n_head_kv=12, n_ff=2048, n_ctx=2048, tied=True),
 }
 VOCAB_FILE = os.path.join(PEER, "src", "models", "ggml-vocab-llama-spm.gguf")

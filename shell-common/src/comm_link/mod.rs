@@ -92,6 +92,7 @@ impl CommLinks {
                 at,
                 elements,
             } => {
+                tracing::debug!(device, elements, "COMM_ALLREDUCE");
                 let backend = conn.backend().clone();
                 let result = match self.links.get_mut(&device) {
                     None => Err(CommError::NoCommunicator { device }.into()),
