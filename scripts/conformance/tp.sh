@@ -5,7 +5,9 @@
 # link: every rank votes for the CPU communicator, a ring all-reduce). The greedy text must be
 # identical to the same client's CPU-only run, and every server must have run COMM_ALLREDUCE
 # (the reduction went through the servers, not through the client's fallback). A control run
-# splits across two of b12032+1's own servers (pairwise link).
+# splits across two of b12032+1's own servers (pairwise link). Short prompts keep F32 on the
+# comm wire; long ones (BF16 on the wire) are checked token by token against CPU-only with a
+# rule relative to b12032+1's own pairwise link (tp_margins.py).
 #
 # Q4_K is not run split: b12032+1's client aborts loading it with -sm tensor (GGML_ASSERT
 # "tensor write out of bounds" in ggml_backend_tensor_set_2d, with its own servers too); the
@@ -50,6 +52,7 @@ py=$(conf_python)
 
 conf_select_peer b12032
 conf_check_peer
+conf_build_tools
 conf_build_our_server
 COMPLETION="$PEER_BIN/llama-completion"
 REF_SERVER="$PEER_BIN/ggml-rpc-server"
@@ -57,10 +60,19 @@ REF_SERVER="$PEER_BIN/ggml-rpc-server"
 mkdir -p "$logdir"
 
 prompt=${TP_PROMPT:-"Once upon a time"}
-complete() { # complete OUT ERR [extra args...]: greedy generation, flash attention on
-    local out=$1 err=$2; shift 2
-    GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
-        -no-cnv -fa on -t 1 --no-warmup --no-repack "$@" >"$out" 2>"$err"
+# complete OUT ERR [extra args...]: greedy generation, flash attention on. llama-completion
+# prints through a log thread that is not flushed at exit, so the tail of the text can be lost
+# with status 0; the perf summary is logged last: without it, run again (as e2e_run.py does).
+complete() {
+    local out=$1 err=$2 attempt rc; shift 2
+    for attempt in 1 2 3; do
+        rc=0
+        GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
+            -no-cnv -fa on -t 1 --no-warmup --no-repack "$@" >"$out" 2>"$err" || rc=$?
+        if [ "$rc" -ne 0 ] || grep -q "total time =" "$err"; then return "$rc"; fi
+        conf_log "llama-completion output truncated (log not flushed), run $attempt: again"
+    done
+    return 1
 }
 
 pids=()
@@ -126,6 +138,39 @@ for ty in ${types//,/ }; do
         cleanup
     done
 done
+
+# Long prompts put BF16 on the comm wire (32768 elements or more per all-reduce): token by
+# token against CPU-only with llama_probe --pair, our ring at every world against b12032+1's
+# own pairwise link (tp_margins.py states the rule).
+prompts="$logdir/long-prompts.txt"
+"$py" - "$prompts" <<'PY'
+import random, sys
+words = ("the quick brown fox jumps over lazy dog and then a small cat sat on mat while birds "
+         "sing in trees near river under blue sky").split()
+with open(sys.argv[1], "w") as f:
+    for k in range(6):
+        r = random.Random(k)
+        f.write(" ".join(r.choice(words) for _ in range(110)) + "\n")
+PY
+probes=()
+for ty in ${types//,/ }; do
+    runs=("reference:2")
+    for w in ${worlds//,/ }; do runs+=("ours:$w"); done
+    for run in "${runs[@]}"; do
+        kind=${run%%:*} w=${run##*:} tag="$ty-$kind-$w"
+        start_servers "$kind" "$w"
+        if GGML_RPC_SHIM_QUIET=1 GGML_RPC_SHIM_ENDPOINT="$ENDPOINTS" LD_PRELOAD="$SHIM" timeout 600 \
+            "$PROBE" -m "$models/tp-llama-$ty.gguf" --prompts "$prompts" -n "$n" --fa on --split tensor \
+            --pair --repack off -c 512 -t 1 >"$logdir/$tag.probe" 2>"$logdir/$tag.probe.err"; then
+            probes+=("$logdir/$tag.probe")
+        else
+            report "FAIL $tag: llama_probe failed (see $logdir/$tag.probe.err)"
+            failures=$((failures + 1))
+        fi
+        cleanup
+    done
+done
+"$py" "$CONF_DIR/tp_margins.py" "${probes[@]}" >&2 || failures=$((failures + 1))
 
 # the upstream client's Q4_K limitation, still there?
 start_servers reference 2

@@ -19,6 +19,11 @@
 //
 // usage: llama_probe -m MODEL [-p PROMPT | --prompts FILE] [-n N] [--fa on|off] [--ngl N]
 //                    [-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair [--trace]]
+//                    [--split layer|tensor]
+//
+// --split tensor (llama-completion -sm tensor; needs --fa on) splits every weight across the
+// RPC devices, which then sum their partial results with COMM_ALLREDUCE
+// (scripts/conformance/tp.sh). The --pair reference stays CPU only.
 //
 // --prompts FILE runs every non-empty line of FILE as a prompt, one after the other in one
 // model load; the context's memory (KV cache) is cleared between prompts. Each prompt's
@@ -158,7 +163,8 @@ static void quiet_log(enum ggml_log_level level, const char * text, void * ud) {
 
 static void usage(const char * argv0) {
     fprintf(stderr, "usage: %s -m MODEL [-p PROMPT | --prompts FILE] [-n N] [--fa on|off] [--ngl N] "
-                    "[-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair [--trace]]\n", argv0);
+                    "[-t THREADS] [-c CTX] [--repack on|off] [--logits FILE] [--pair [--trace]] "
+                    "[--split layer|tensor]\n", argv0);
     exit(2);
 }
 
@@ -284,6 +290,7 @@ int main(int argc, char ** argv) {
     const char * logits_out = NULL;
     struct opts o = { 16, 2, 256, 0 };
     int ngl = 99, repack = 1, pair = 0, trace = 0;
+    enum llama_split_mode split = LLAMA_SPLIT_MODE_LAYER;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         if (!strcmp(a, "--pair")) { pair = 1; continue; }
@@ -300,6 +307,7 @@ int main(int argc, char ** argv) {
         else if (!strcmp(a, "--logits"))  logits_out = v;
         else if (!strcmp(a, "--fa"))      o.fa = !strcmp(v, "on");
         else if (!strcmp(a, "--repack"))  repack = !strcmp(v, "on");
+        else if (!strcmp(a, "--split"))   split = !strcmp(v, "tensor") ? LLAMA_SPLIT_MODE_TENSOR : LLAMA_SPLIT_MODE_LAYER;
         else usage(argv[0]);
         i++;
     }
@@ -336,6 +344,7 @@ int main(int argc, char ** argv) {
 
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = ngl;
+    mp.split_mode = split;
     mp.use_extra_bufts = repack != 0; // --repack off = llama-completion --no-repack
     struct llama_model * model = llama_model_load_from_file(model_path, mp);
     if (!model) { fprintf(stderr, "llama_probe: cannot load %s\n", model_path); return 1; }
