@@ -42,7 +42,7 @@ cargo test --workspace --doc
 step "multi-host test bed (network namespaces; needs root, fails without)"
 # scripts/testbed/README.md: 3 hosts behind 200mbit links, our server in two, probe and a 64 MiB
 # SET/GET from the third at 50-110 % of the shaping rate, isolation of two test beds, nothing
-# left after down, a failing run, TERM/INT; about 20 s.
+# left after down, a failing run, TERM/INT; about 12 s.
 bash scripts/testbed/selftest.sh
 
 step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation, fidelity"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test of the test bed itself (scripts/test.sh runs it in CI, as root; about 20 s after the
+# The test of the test bed itself (scripts/test.sh runs it in CI, as root; about 12 s after the
 # build). Fails, never skips, when not root; installs iproute2 with apt-get when `ip` or `tc`
 # is missing.
 #
