@@ -39,6 +39,12 @@ cargo nextest run --workspace --no-fail-fast
 # doc tests are not run by nextest
 cargo test --workspace --doc
 
+step "multi-host test bed (network namespaces; needs root, fails without)"
+# scripts/testbed/README.md: 3 hosts behind 200mbit links, our server in two, probe and a 64 MiB
+# SET/GET from the third at 50-110 % of the shaping rate, isolation of two test beds, nothing
+# left after down, a failing run, TERM/INT; about 12 s.
+bash scripts/testbed/selftest.sh
+
 step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation, fidelity"
 # Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases), and of
 # every further op the CPU backend implements ("extra"), whose types are all among the

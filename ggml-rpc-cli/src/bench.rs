@@ -197,6 +197,17 @@ fn pattern(len: usize) -> Bytes {
     data.into()
 }
 
+/// A rate in GB/s with two decimals, and with at least three significant digits below 1 GB/s
+/// (a link shaped to 200 Mbit/s shows as 0.0250 GB/s, not 0.03).
+fn format_gbps(gbps: f64) -> String {
+    let decimals = if gbps > 0.0 && gbps < 1.0 {
+        (2 - gbps.log10().floor() as i32).clamp(2, 9) as usize
+    } else {
+        2
+    };
+    format!("{gbps:.decimals$} GB/s")
+}
+
 /// The results as a compact table.
 pub fn render(endpoint: &str, client: &Client, plan: &BenchPlan, results: &[Timings]) -> String {
     let mut out = String::new();
@@ -218,8 +229,8 @@ pub fn render(endpoint: &str, client: &Client, plan: &BenchPlan, results: &[Timi
             let rate =
                 |bytes: u64, time: Duration| bytes as f64 / time.as_secs_f64().max(1e-9) / 1e9;
             (
-                format!("{:.2} GB/s", rate(timing.bytes * timing.operations, total)),
-                format!("{:.2} GB/s", rate(timing.bytes, best)),
+                format_gbps(rate(timing.bytes * timing.operations, total)),
+                format_gbps(rate(timing.bytes, best)),
             )
         } else {
             let per = total.as_secs_f64() / timing.operations.max(1) as f64;
@@ -245,6 +256,16 @@ pub fn render(endpoint: &str, client: &Client, plan: &BenchPlan, results: &[Timi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_below_one_gbps_keep_three_digits() {
+        assert_eq!(format_gbps(5.4321), "5.43 GB/s");
+        assert_eq!(format_gbps(1.0), "1.00 GB/s");
+        assert_eq!(format_gbps(0.39), "0.390 GB/s");
+        assert_eq!(format_gbps(0.025_04), "0.0250 GB/s");
+        assert_eq!(format_gbps(0.001_234), "0.00123 GB/s");
+        assert_eq!(format_gbps(0.0), "0.00 GB/s");
+    }
 
     #[test]
     fn tensors_cover_the_size_exactly() {
