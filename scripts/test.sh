@@ -62,8 +62,8 @@ bash scripts/conformance/e2e.sh --strict
 bash scripts/conformance/fidelity.sh --seeds 1 --prompts 10 -n 40
 # Tensor parallelism: b12032+1's llama-completion with -sm tensor across 2, 3 and 4 of our
 # servers (ranked comm link, the CPU ring all-reduce): greedy text identical to CPU-only, and
-# every server ran COMM_ALLREDUCE.
-bash scripts/conformance/tp.sh
+# every server ran COMM_ALLREDUCE; on the multi-host test bed (a network namespace per server).
+bash scripts/conformance/tp.sh --testbed
 
 step "fuzz (${FUZZ_SECONDS}s per target)"
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then

@@ -16,8 +16,8 @@
 # usage: scripts/conformance/tp.sh [options]
 #   --worlds LIST      numbers of servers (default 2,3,4)
 #   --types LIST       model types (default f32,f16,q8_0,q4_0)
-#   --testbed          run every server and the client in its own network namespace of
-#                      scripts/testbed (as root; links rate-limited by --rate)
+#   --testbed          run every server and the client in its own host (network namespace)
+#                      of scripts/testbed/testbed.sh, links rate-limited by --rate (as root)
 #   --rate R           link rate on the test bed (default 1gbit)
 #   -n N               tokens to generate (default 24)
 #   --logdir DIR       default target/conformance/tp
@@ -27,6 +27,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 worlds="2,3,4" types="f32,f16,q8_0,q4_0" n=24 logdir="$CONF_OUT/tp" testbed=0 rate=1gbit
+all_args=("$@")
 while [ $# -gt 0 ]; do
     case "$1" in
         --worlds) worlds=$2; shift 2 ;;
@@ -39,6 +40,25 @@ while [ $# -gt 0 ]; do
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
 done
+
+# --testbed: run this script again inside a test bed of max(worlds) + 1 hosts; the last host
+# runs the client (llama-completion, llama_probe), hosts 1..N the servers of each run.
+if [ "$testbed" = 1 ] && [ -z "${TESTBED:-}" ]; then
+    [ "$(id -u)" -eq 0 ] || conf_die "--testbed needs root (network namespaces)"
+    max=0
+    for w in ${worlds//,/ }; do [ "$w" -gt "$max" ] && max=$w; done
+    exec bash "$REPO_ROOT/scripts/testbed/testbed.sh" run --hosts $((max + 1)) --rate "$rate" \
+        -- bash "$0" "${all_args[@]}"
+fi
+# in_client CMD...: run where the client runs (the test bed's last host, else right here)
+in_client() {
+    if [ -n "${TESTBED:-}" ]; then
+        local ns="TESTBED_NS_$TESTBED_HOSTS"
+        ip netns exec "${!ns}" "$@"
+    else
+        "$@"
+    fi
+}
 
 # the models come from b11434's quantizers (make-models.py), as for e2e.sh
 conf_select_peer b11434
@@ -67,7 +87,7 @@ complete() {
     local out=$1 err=$2 attempt rc; shift 2
     for attempt in 1 2 3; do
         rc=0
-        GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
+        in_client env GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
             -no-cnv -fa on -t 1 --no-warmup --no-repack "$@" >"$out" 2>"$err" || rc=$?
         if [ "$rc" -ne 0 ] || grep -q "total time =" "$err"; then return "$rc"; fi
         conf_log "llama-completion output truncated (log not flushed), run $attempt: again"
@@ -79,26 +99,52 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do conf_kill "$p"; done; pids=(); }
 trap cleanup EXIT
 
-# start_servers KIND COUNT: our (KIND=ours) or the reference's servers on free loopback ports;
-# sets ENDPOINTS (comma-separated) and LOGS (array)
+# start_servers KIND COUNT: our (KIND=ours) or the reference's servers, on free loopback
+# ports or, on the test bed, one per host on its address; sets ENDPOINTS (comma-separated) and
+# LOGS (array)
 start_servers() {
-    local kind=$1 count=$2 i port pid log
+    local kind=$1 count=$2 i host port pid log cmd
     ENDPOINTS="" LOGS=()
     for i in $(seq 1 "$count"); do
-        # the client uses rank 0's port + 1000 for the comm link: keep that free too
-        while :; do port=$(conf_free_port); [ "$port" -lt 64000 ] && break; done
+        if [ -n "${TESTBED:-}" ]; then
+            host="TESTBED_ADDR_$i" port=50052
+            host=${!host}
+        else
+            # the client uses rank 0's port + 1000 for the comm link: keep that in range
+            host=127.0.0.1
+            while :; do port=$(conf_free_port); [ "$port" -lt 64000 ] && break; done
+        fi
         log="$logdir/$kind-$count-$i.log"
         if [ "$kind" = ours ]; then
-            "$OUR_SERVER" --protocol 8.0.1 -t 1 -p "$port" -v --comm-timeout 30 >"$log" 2>&1 &
+            cmd=("$OUR_SERVER" --protocol 8.0.1 -t 1 -H "$host" -p "$port" -v --comm-timeout 30)
         else
-            GGML_RPC_NO_RDMA=1 "$REF_SERVER" -d CPU -t 1 -p "$port" >"$log" 2>&1 &
+            cmd=(env GGML_RPC_NO_RDMA=1 "$REF_SERVER" -d CPU -t 1 -H "$host" -p "$port")
+        fi
+        if [ -n "${TESTBED:-}" ]; then
+            local ns="TESTBED_NS_$i"
+            ip netns exec "${!ns}" "${cmd[@]}" >"$log" 2>&1 &
+        else
+            "${cmd[@]}" >"$log" 2>&1 &
         fi
         pid=$!
         pids+=("$pid")
-        conf_wait_port "$port" "$pid" || conf_die "$kind server $i did not start (log: $log)"
-        ENDPOINTS+="${ENDPOINTS:+,}127.0.0.1:$port"
+        wait_endpoint "$host" "$port" "$pid" || conf_die "$kind server $i did not start (log: $log)"
+        ENDPOINTS+="${ENDPOINTS:+,}$host:$port"
         LOGS+=("$log")
     done
+}
+
+# wait_endpoint HOST PORT PID: until HOST:PORT accepts connections from the client (30 s)
+wait_endpoint() {
+    local host=$1 port=$2 pid=$3
+    for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if in_client python3 -c "import socket; socket.create_connection(('$host', $port), timeout=1).close()" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
 }
 
 failures=0
@@ -159,7 +205,7 @@ for ty in ${types//,/ }; do
     for run in "${runs[@]}"; do
         kind=${run%%:*} w=${run##*:} tag="$ty-$kind-$w"
         start_servers "$kind" "$w"
-        if GGML_RPC_SHIM_QUIET=1 GGML_RPC_SHIM_ENDPOINT="$ENDPOINTS" LD_PRELOAD="$SHIM" timeout 600 \
+        if in_client env GGML_RPC_SHIM_QUIET=1 GGML_RPC_SHIM_ENDPOINT="$ENDPOINTS" LD_PRELOAD="$SHIM" timeout 600 \
             "$PROBE" -m "$models/tp-llama-$ty.gguf" --prompts "$prompts" -n "$n" --fa on --split tensor \
             --pair --repack off -c 512 -t 1 >"$logdir/$tag.probe" 2>"$logdir/$tag.probe.err"; then
             probes+=("$logdir/$tag.probe")
