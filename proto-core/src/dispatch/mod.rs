@@ -463,7 +463,11 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             }
             Request::CommFree { device } => {
                 let device = self.device(device)?;
-                self.communicators.remove(&device);
+                if self.communicators.remove(&device) {
+                    // The newest upstream waits for every device before releasing the
+                    // communicator (a reduction may still be running on it).
+                    self.sync_devices();
+                }
                 Ok(Outcome::CommFree { device })
             }
         }
