@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use proto_core::comm::LinkVariant;
 use proto_core::ggml::GgmlTable;
 use proto_core::wire::ProtocolVersion;
 
@@ -13,6 +14,7 @@ use crate::devices::DeviceInfo;
 /// The banner printed to stdout once the server listens.
 pub fn banner(
     version: ProtocolVersion,
+    link: LinkVariant,
     endpoint: SocketAddr,
     cache: Option<&Path>,
     devices: &[DeviceInfo],
@@ -22,6 +24,9 @@ pub fn banner(
     let _ = writeln!(out, "Starting RPC server v{version}");
     let _ = writeln!(out, "  endpoint       : {endpoint}");
     let _ = writeln!(out, "  clients        : {}", served_clients(version));
+    if let Some(link) = comm_link(version, link) {
+        let _ = writeln!(out, "  comm link      : {link}");
+    }
     let _ = writeln!(out, "  local cache    : {cache}");
     let _ = writeln!(out, "Devices:");
     for device in devices {
@@ -51,6 +56,22 @@ pub fn served_clients(version: ProtocolVersion) -> &'static str {
             "llama.cpp of protocol 8.0.1 (b12032 and later); 8.0.0 clients (b11739) need \
              --protocol 8.0.0"
         }
+    }
+}
+
+/// The server-to-server link of `-sm tensor` groups (protocol 8 only).
+pub fn comm_link(version: ProtocolVersion, link: LinkVariant) -> Option<&'static str> {
+    match (version.major, version.ggml_table(), link) {
+        (7, _, _) => None,
+        (_, GgmlTable::V8_0_0, _) => Some("8.0.0 pairwise (two servers)"),
+        (_, _, LinkVariant::Ranked) => Some(
+            "ranked (llama.cpp with PR #28967, any number of servers; --comm-link pairwise \
+             for b12032+1 without it)",
+        ),
+        (_, _, LinkVariant::V8_0) => Some(
+            "pairwise (two servers, b12032+1 without PR #28967; --comm-link ranked for \
+             llama.cpp with it)",
+        ),
     }
 }
 
@@ -86,6 +107,7 @@ mod tests {
         }];
         let text = banner(
             ProtocolVersion::V8_0_0,
+            LinkVariant::V8_0,
             "127.0.0.1:50052".parse().unwrap(),
             None,
             &devices,
@@ -94,9 +116,27 @@ mod tests {
             text,
             "Starting RPC server v8.0.0\n  endpoint       : 127.0.0.1:50052\n  clients        : \
              llama.cpp of protocol 8.0.0 (b11739); 8.0.1 clients (b12032 and later) need \
-             --protocol 8.0.1\n  local cache    : n/a\n\
+             --protocol 8.0.1\n  comm link      : 8.0.0 pairwise (two servers)\n  \
+             local cache    : n/a\n\
              Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n"
         );
+    }
+
+    #[test]
+    fn comm_link_line_follows_protocol_and_choice() {
+        assert_eq!(
+            comm_link(ProtocolVersion::V7_0_0, LinkVariant::Ranked),
+            None
+        );
+        assert!(comm_link(ProtocolVersion::V8_0_0, LinkVariant::Ranked)
+            .unwrap()
+            .starts_with("8.0.0 pairwise"));
+        assert!(comm_link(ProtocolVersion::V8_0_1, LinkVariant::Ranked)
+            .unwrap()
+            .starts_with("ranked"));
+        assert!(comm_link(ProtocolVersion::V8_0_1, LinkVariant::V8_0)
+            .unwrap()
+            .starts_with("pairwise"));
     }
 
     #[test]

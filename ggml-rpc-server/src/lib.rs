@@ -95,6 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
     config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
 
+    let config_link = config.link_variant();
     let shell =
         shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;
     let shutdown = ShutdownSignal::install()?;
@@ -110,6 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "{}",
         banner::banner(
             version,
+            config_link,
             server.local_addr(),
             cache_dir.as_deref(),
             &devices.list
