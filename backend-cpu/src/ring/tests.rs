@@ -33,23 +33,25 @@ impl Bootstrap for MemoryBootstrap {
     }
 }
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+/// Partial `rank` of a tensor of `n` elements: values in [-1, 1) with many mantissa bits.
+fn values(n: usize, rank: u32) -> Vec<f32> {
     (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        .map(|i| {
+            ((i as u64 * 2_654_435_761 + u64::from(rank) * 40_503) % 1_000_003) as f32 / 500_001.5
+                - 1.0
         })
         .collect()
 }
 
-/// Runs one ring of `world` ranks over loopback and returns every rank's result.
-fn run_ring(world: u32, n: usize, rounds: usize) -> Vec<Vec<f32>> {
+/// Starts `world` ranks on threads, each building its ring and then running `work` on it.
+fn spawn_ranks<T: Send + 'static>(
+    world: u32,
+    work: impl Fn(u32, Ring) -> T + Send + Sync + 'static,
+) -> Vec<thread::JoinHandle<T>> {
     let blocks = Arc::new(Mutex::new(vec![Vec::new(); world as usize]));
     let barrier = Arc::new(Barrier::new(world as usize));
-    let handles: Vec<_> = (0..world)
+    let work = Arc::new(work);
+    (0..world)
         .map(|rank| {
             let mut bootstrap = MemoryBootstrap {
                 rank,
@@ -57,17 +59,24 @@ fn run_ring(world: u32, n: usize, rounds: usize) -> Vec<Vec<f32>> {
                 blocks: blocks.clone(),
                 barrier: barrier.clone(),
             };
-            thread::spawn(move || {
-                let mut ring = Ring::establish(&mut bootstrap).expect("ring set-up");
-                let mut v = values(n, rank + 1);
-                for _ in 0..rounds {
-                    ring.reduce(&mut v).expect("all-reduce");
-                }
-                v
-            })
+            let work = work.clone();
+            thread::spawn(move || work(rank, Ring::establish(&mut bootstrap).expect("ring set-up")))
         })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+        .collect()
+}
+
+/// Runs one ring of `world` ranks over loopback and returns every rank's result.
+fn run_ring(world: u32, n: usize, rounds: usize) -> Vec<Vec<f32>> {
+    spawn_ranks(world, move |rank, mut ring| {
+        let mut v = values(n, rank + 1);
+        for _ in 0..rounds {
+            ring.reduce(&mut v).expect("all-reduce");
+        }
+        v
+    })
+    .into_iter()
+    .map(|h| h.join().unwrap())
+    .collect()
 }
 
 #[test]
@@ -150,29 +159,15 @@ fn chunks_cover_the_tensor() {
 
 #[test]
 fn a_dead_neighbour_fails_the_all_reduce_within_the_timeout() {
-    let world = 3u32;
-    let blocks = Arc::new(Mutex::new(vec![Vec::new(); world as usize]));
-    let barrier = Arc::new(Barrier::new(world as usize));
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut bootstrap = MemoryBootstrap {
-                rank,
-                world,
-                blocks: blocks.clone(),
-                barrier: barrier.clone(),
-            };
-            thread::spawn(move || {
-                let mut ring = Ring::establish(&mut bootstrap).expect("ring set-up");
-                ring.timeout = Duration::from_secs(5);
-                if rank == 2 {
-                    drop(ring); // dies before the all-reduce
-                    return Ok(());
-                }
-                let mut v = values(100_000, rank);
-                ring.reduce(&mut v)
-            })
-        })
-        .collect();
+    let handles = spawn_ranks(3, |rank, mut ring| {
+        ring.timeout = Duration::from_secs(5);
+        if rank == 2 {
+            drop(ring); // dies before the all-reduce
+            return Ok(());
+        }
+        let mut v = values(100_000, rank);
+        ring.reduce(&mut v)
+    });
     let started = Instant::now();
     for (rank, h) in handles.into_iter().enumerate().take(2) {
         let result = h.join().unwrap();
