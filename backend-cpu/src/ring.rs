@@ -66,6 +66,11 @@ impl Ring {
         let (next_addr, next_token) = peer_block(&gathered, next)?;
         let deadline = Instant::now() + timeout;
 
+        if !bootstrap.peer_allowed(next_addr.ip()) {
+            return Err(Error::Comm(CommError::PeerNotAllowed {
+                ip: next_addr.ip(),
+            }));
+        }
         let mut to_next = connect(next_addr, deadline, timeout)?;
         let mut hello = [0u8; HELLO];
         hello[..8].copy_from_slice(&next_token.to_le_bytes());
@@ -74,7 +79,8 @@ impl Ring {
         to_next
             .write_all(&hello)
             .map_err(|e| io_error(e, timeout))?;
-        let from_prev = accept_prev(&listener, token, prev, world, deadline, timeout)?;
+        let allowed = |ip| bootstrap.peer_allowed(ip);
+        let from_prev = accept_prev(&listener, token, prev, world, deadline, timeout, &allowed)?;
         Ok(Ring {
             rank,
             world,
@@ -297,8 +303,8 @@ fn connect(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<Tcp
     }
 }
 
-/// Accepts the previous rank: the first connection that introduces itself with this rank's
-/// token, rank `prev` and the same world.
+/// Accepts the previous rank: the first connection from an allowed address that introduces
+/// itself with this rank's token, rank `prev` and the same world.
 fn accept_prev(
     listener: &TcpListener,
     token: u64,
@@ -306,9 +312,11 @@ fn accept_prev(
     world: u32,
     deadline: Instant,
     timeout: Duration,
+    allowed: &dyn Fn(std::net::IpAddr) -> bool,
 ) -> Result<TcpStream> {
     loop {
         match listener.accept() {
+            Ok((_, peer)) if !allowed(peer.ip()) => {}
             Ok((mut stream, _)) => {
                 stream.set_nonblocking(false).map_err(comm)?;
                 let mut hello = Vec::new();

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use clap::Parser;
 use proto_core::comm::LinkVariant;
 use proto_core::wire::ProtocolVersion;
-use shell_common::{DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE};
+use shell_common::{
+    CommPeers, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE,
+};
 
 use crate::shells;
 
@@ -62,6 +64,12 @@ pub struct Args {
     /// forever).
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_COMM_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub comm_timeout: u64,
+
+    /// Addresses (10.0.0.7) or networks (10.0.0.0/24), comma-separated or repeated, that the
+    /// comm link may connect to and accept from. Default: any, as the reference, where a client's
+    /// COMM_INIT can make the server connect to any address.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = CommPeers::parse_entry)]
+    pub comm_peers: Option<Vec<ipnet::IpNet>>,
 
     /// Most clients served at once; further connections are closed immediately.
     #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
@@ -152,6 +160,40 @@ mod tests {
         assert_eq!(args.shell, "tokio");
         assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
         assert!(!args.no_huge_pages && !args.system_congestion_control);
+    }
+
+    #[test]
+    fn comm_flags() {
+        let args = Args::try_parse_from(["ggml-rpc-server"]).unwrap();
+        assert_eq!(args.comm_link, LinkVariant::Ranked);
+        assert_eq!(args.comm_timeout, DEFAULT_COMM_TIMEOUT.as_secs());
+        assert_eq!(args.comm_peers, None);
+        let args = Args::try_parse_from([
+            "ggml-rpc-server",
+            "--comm-link",
+            "pairwise",
+            "--comm-timeout",
+            "5",
+            "--comm-peers",
+            "10.0.0.0/24,10.1.0.7",
+            "--comm-peers",
+            "192.168.0.0/16",
+        ])
+        .unwrap();
+        assert_eq!(args.comm_link, LinkVariant::V8_0);
+        assert_eq!(args.comm_timeout, 5);
+        let peers = args.comm_peers.unwrap();
+        assert_eq!(peers.len(), 3);
+        assert_eq!(peers[1].to_string(), "10.1.0.7/32");
+        for bad in [
+            &["--comm-link", "ring"][..],
+            &["--comm-timeout", "0"],
+            &["--comm-peers", "example.com"],
+            &["--comm-peers", "10.0.0.0/40"],
+        ] {
+            let argv = std::iter::once("ggml-rpc-server").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -75,18 +75,26 @@ pub fn comm_link(version: ProtocolVersion, link: LinkVariant) -> Option<&'static
     }
 }
 
-/// The warning block printed to stderr when the server binds to anything but 127.0.0.1.
-pub fn exposure_warning(host: &str) -> Option<String> {
+/// The warning block printed to stderr when the server binds to anything but 127.0.0.1; with
+/// `comm_open` (protocol 8 without `--comm-peers`) one more line says that clients can make the
+/// server connect anywhere.
+pub fn exposure_warning(host: &str, comm_open: bool) -> Option<String> {
     if host == "127.0.0.1" {
         return None;
     }
     let bar = "!".repeat(73);
+    let comm = if comm_open {
+        "         COMM_INIT lets any client make this server connect to, and accept\n\
+         \x20        from, any address: limit that with --comm-peers.\n"
+    } else {
+        ""
+    };
     Some(format!(
         "\n{bar}\n\
          WARNING: Host ('{host}') is != '127.0.0.1'\n\
          \x20        Never expose the RPC server to an open network!\n\
          \x20        This is an experimental feature and is not secure!\n\
-         {bar}\n\n"
+         {comm}{bar}\n\n"
     ))
 }
 
@@ -141,9 +149,13 @@ mod tests {
 
     #[test]
     fn warning_only_off_loopback() {
-        assert_eq!(exposure_warning("127.0.0.1"), None);
-        let warning = exposure_warning("0.0.0.0").unwrap();
+        assert_eq!(exposure_warning("127.0.0.1", true), None);
+        let warning = exposure_warning("0.0.0.0", false).unwrap();
         assert!(warning.contains("WARNING: Host ('0.0.0.0') is != '127.0.0.1'"));
         assert!(warning.contains("         Never expose the RPC server to an open network!"));
+        assert!(!warning.contains("--comm-peers"));
+        let warning = exposure_warning("0.0.0.0", true).unwrap();
+        assert!(warning.contains("         COMM_INIT lets any client"));
+        assert!(warning.contains("limit that with --comm-peers."));
     }
 }

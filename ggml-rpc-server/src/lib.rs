@@ -92,6 +92,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
     config.comm_link = args.comm_link;
     config.comm_timeout = std::time::Duration::from_secs(args.comm_timeout);
+    config.comm_peers = args
+        .comm_peers
+        .clone()
+        .map_or_else(shell_common::CommPeers::any, shell_common::CommPeers::only);
     // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
     config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
 
@@ -99,7 +103,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let shell =
         shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;
     let shutdown = ShutdownSignal::install()?;
-    if let Some(warning) = banner::exposure_warning(&args.host.to_string()) {
+    let comm_open = version.major >= 8 && !config.comm_peers.is_restricted();
+    if let Some(warning) = banner::exposure_warning(&args.host.to_string(), comm_open) {
         eprint!("{warning}");
     }
     let addr = SocketAddr::from((args.host, args.port));

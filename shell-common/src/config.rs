@@ -13,7 +13,7 @@ use proto_core::session::ServerSessionConfig;
 use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
-use crate::comm_link::{CommLinks, CommSettings};
+use crate::comm_link::{CommLinks, CommPeers, CommSettings};
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 64;
@@ -53,6 +53,8 @@ pub struct ServerConfig {
     /// Whether to vote for the backend's own communicator where it offers one (the
     /// reference's `GGML_RPC_NO_BACKEND_COMMUNICATOR` clears it).
     pub backend_communicator: bool,
+    /// Where comm links may connect to and accept from (`--comm-peers`; default: anywhere).
+    pub comm_peers: CommPeers,
     /// How long a shutdown waits for open connections to finish their current command before
     /// they are dropped.
     pub shutdown_grace: Duration,
@@ -70,6 +72,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("comm_timeout", &self.comm_timeout)
             .field("comm_link", &self.comm_link)
             .field("backend_communicator", &self.backend_communicator)
+            .field("comm_peers", &self.comm_peers)
             .field("shutdown_grace", &self.shutdown_grace)
             .finish()
     }
@@ -91,6 +94,7 @@ impl ServerConfig {
             comm_timeout: DEFAULT_COMM_TIMEOUT,
             comm_link: LinkVariant::Ranked,
             backend_communicator: true,
+            comm_peers: CommPeers::any(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
@@ -118,6 +122,7 @@ impl ServerConfig {
                 variant: self.link_variant(),
                 backend_communicator: self.backend_communicator,
                 timeout: self.comm_timeout,
+                peers: self.comm_peers.clone(),
             },
         })
     }
@@ -156,7 +161,7 @@ impl ConnectionConfig {
 
     /// The comm state of a new connection.
     pub fn comm_links(&self) -> CommLinks {
-        CommLinks::new(self.comm)
+        CommLinks::new(self.comm.clone())
     }
 }
 

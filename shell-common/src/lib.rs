@@ -30,7 +30,7 @@ pub mod shell;
 pub mod vectored;
 
 pub use cache_dir::FsTensorCache;
-pub use comm_link::{CommLinks, CommSettings};
+pub use comm_link::{CommLinks, CommPeers, CommSettings};
 pub use config::{
     ConnectionConfig, ServerConfig, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS,
     DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_SHUTDOWN_GRACE,

@@ -463,3 +463,45 @@ fn the_ranked_link_with_llama_b12032() {
         s.wait_no_buffers(Duration::from_secs(10));
     }
 }
+
+fn server_with_peers(link: LinkVariant, peers: &str) -> OurServer {
+    let mut config = shell_tokio::ServerConfig::new(ProtocolVersion::V8_0_1);
+    config.comm_link = link;
+    config.comm_timeout = COMM_TIMEOUT;
+    config.comm_peers =
+        shell_common::CommPeers::only(vec![
+            shell_common::CommPeers::parse_entry(peers).expect("network")
+        ]);
+    OurServer::start_with("tokio", config)
+}
+
+/// `--comm-peers`: a rank refuses to connect to rank 0 outside the list, rank 0 refuses a peer
+/// from outside it; with loopback in the list the same groups form.
+#[test]
+fn comm_peers_refuse_connecting_and_accepting_outside_the_list() {
+    for link in [LinkVariant::Ranked, LinkVariant::V8_0] {
+        let open = our_server("tokio", link);
+        let closed = server_with_peers(link, "10.99.0.0/16");
+        all_refuse(
+            &[open.addr, closed.addr],
+            &[(0, 2), (1, 2)],
+            &format!("{link:?}: rank 1 may not connect to 127.0.0.1"),
+        );
+        all_refuse(
+            &[closed.addr, open.addr],
+            &[(0, 2), (1, 2)],
+            &format!("{link:?}: rank 0 may not accept from 127.0.0.1"),
+        );
+        let allowed = server_with_peers(link, "127.0.0.0/8");
+        let expect = if link == LinkVariant::Ranked {
+            Expect::Ring
+        } else {
+            Expect::Pairwise
+        };
+        runtime().block_on(group_allreduce(
+            &[allowed.addr, open.addr],
+            expect,
+            &format!("{link:?}: loopback allowed"),
+        ));
+    }
+}

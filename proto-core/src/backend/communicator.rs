@@ -6,7 +6,7 @@
 //! shell owns the sockets and lends them as a [`Bootstrap`]; the backend owns the
 //! [`Communicator`] it builds (one per client connection and device, dropped with them).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use super::{Backend, TensorLocation};
@@ -26,6 +26,9 @@ pub trait Bootstrap {
     fn local_ip(&self) -> Ipv4Addr;
     /// The bound on every wait for a peer, set by the deployer (the reference has none).
     fn timeout(&self) -> Duration;
+    /// Whether the deployer lets this server's comm connections reach `ip` (`--comm-peers`):
+    /// a communicator checks every address it connects to or accepts from.
+    fn peer_allowed(&self, ip: IpAddr) -> bool;
 }
 
 /// A built communicator: sums F32 tensors in place across its ranks.

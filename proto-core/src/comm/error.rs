@@ -127,6 +127,12 @@ pub enum CommError {
         /// What the operating system reported.
         kind: std::io::ErrorKind,
     },
+    /// The deployer's comm peer list (`--comm-peers`) does not include this address.
+    #[error("comm peer {ip} is not in the allowed comm peers")]
+    PeerNotAllowed {
+        /// The address refused.
+        ip: std::net::IpAddr,
+    },
     /// The peer sent bytes the exchange in progress did not ask for.
     #[error("the peer sent data out of turn")]
     OutOfTurn,

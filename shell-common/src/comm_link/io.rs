@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use proto_core::comm::{CommError, Transmit};
 
+use super::CommPeers;
+
 /// The reference's connect retries: 100 tries, 50 ms apart.
 const CONNECT_TRIES: u32 = 100;
 const CONNECT_PAUSE: Duration = Duration::from_millis(50);
@@ -19,14 +21,19 @@ pub(super) fn listen(port: u16) -> Result<TcpListener, CommError> {
     Ok(listener)
 }
 
-/// Accepts the next connection before `deadline`.
+/// Accepts the next connection from an allowed peer before `deadline`; others are closed at
+/// once, with a log line.
 pub(super) fn accept(
     listener: &TcpListener,
     deadline: Instant,
     timeout: Duration,
+    peers: &CommPeers,
 ) -> Result<TcpStream, CommError> {
     loop {
         match listener.accept() {
+            Ok((_, peer)) if !peers.allows(peer.ip()) => {
+                tracing::warn!(%peer, "comm link: connection refused (not in --comm-peers)");
+            }
             Ok((stream, peer)) => {
                 stream.set_nonblocking(false)?;
                 prepare(&stream, timeout)?;
@@ -45,17 +52,26 @@ pub(super) fn accept(
 }
 
 /// Connects to `host:port`, retrying while nothing listens there yet (as the reference: 100
-/// tries, 50 ms apart), never past `deadline`.
+/// tries, 50 ms apart), never past `deadline`; only to addresses `peers` allows.
 pub(super) fn connect(
     host: &str,
     port: u16,
     deadline: Instant,
     timeout: Duration,
+    peers: &CommPeers,
 ) -> Result<TcpStream, CommError> {
-    let addrs: Vec<SocketAddr> = (host, port)
+    let resolved: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()?
         .filter(SocketAddr::is_ipv4)
         .collect();
+    let addrs: Vec<SocketAddr> = resolved
+        .iter()
+        .copied()
+        .filter(|addr| peers.allows(addr.ip()))
+        .collect();
+    if let (true, Some(refused)) = (addrs.is_empty(), resolved.first()) {
+        return Err(CommError::PeerNotAllowed { ip: refused.ip() });
+    }
     let mut last = io::Error::from(io::ErrorKind::AddrNotAvailable);
     for _ in 0..CONNECT_TRIES {
         for addr in &addrs {

@@ -12,6 +12,7 @@
 
 mod io;
 pub mod pairwise;
+pub mod peers;
 mod ranked;
 
 use std::collections::HashMap;
@@ -23,9 +24,10 @@ use proto_core::driver::{CommWork, Connection};
 use proto_core::wire::CommInitRequest;
 
 pub use pairwise::CommLink;
+pub use peers::CommPeers;
 
 /// How a connection's comm links are set up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommSettings {
     /// The link's wire form: the 8.0.0 link, or the newest upstream's ranked link.
     pub variant: LinkVariant,
@@ -34,6 +36,8 @@ pub struct CommSettings {
     pub backend_communicator: bool,
     /// Bound on every wait for a peer: set-up, each bootstrap exchange, each all-reduce.
     pub timeout: Duration,
+    /// Where comm links may connect to and accept from.
+    pub peers: CommPeers,
 }
 
 /// One device's comm state.
@@ -136,15 +140,23 @@ impl CommLinks {
     fn establish(&self, request: &CommInitRequest, conn: &Connection) -> proto_core::Result<Link> {
         let timeout = self.settings.timeout;
         match self.settings.variant {
-            LinkVariant::V8_0 => Ok(Link::Pairwise(CommLink::establish(request, timeout)?)),
+            LinkVariant::V8_0 => Ok(Link::Pairwise(CommLink::establish(
+                request,
+                timeout,
+                &self.settings.peers,
+            )?)),
             LinkVariant::Ranked => {
                 let backend = &**conn.backend();
                 let vote = self.settings.backend_communicator
                     && backend.communicator_available(request.device);
-                Ok(match ranked::establish(request, backend, vote, timeout)? {
-                    ranked::Ranked::Pairwise(link) => Link::Pairwise(link),
-                    ranked::Ranked::Communicator(communicator) => Link::Communicator(communicator),
-                })
+                Ok(
+                    match ranked::establish(request, backend, vote, &self.settings)? {
+                        ranked::Ranked::Pairwise(link) => Link::Pairwise(link),
+                        ranked::Ranked::Communicator(communicator) => {
+                            Link::Communicator(communicator)
+                        }
+                    },
+                )
             }
         }
     }

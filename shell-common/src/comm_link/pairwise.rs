@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use proto_core::comm::{CommError, Handshake, LinkVariant, PairwiseAllReduce, WireFormat};
 use proto_core::wire::CommInitRequest;
 
-use super::io;
+use super::{io, CommPeers};
 
 /// An established link to the other rank of a two-rank group.
 #[derive(Debug)]
@@ -35,18 +35,25 @@ impl CommLink {
 
     /// Sets up the 8.0.0 link that COMM_INIT asks for (world 2 only): rank 0 accepts one
     /// peer, rank 1 connects; then the caps exchange.
-    pub fn establish(request: &CommInitRequest, timeout: Duration) -> Result<CommLink, CommError> {
+    pub fn establish(
+        request: &CommInitRequest,
+        timeout: Duration,
+        peers: &CommPeers,
+    ) -> Result<CommLink, CommError> {
         let port = port_of(request)?;
         let deadline = Instant::now() + timeout;
         let (mut stream, handshake) = if request.rank == 0 {
             let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
             let listener = io::listen(port)?;
-            (io::accept(&listener, deadline, timeout)?, handshake)
+            (io::accept(&listener, deadline, timeout, peers)?, handshake)
         } else {
             let handshake =
                 Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
             let host = host_of(request)?;
-            (io::connect(&host, port, deadline, timeout)?, handshake)
+            (
+                io::connect(&host, port, deadline, timeout, peers)?,
+                handshake,
+            )
         };
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
         Ok(CommLink::new(stream, request.rank, timeout))

@@ -5,7 +5,7 @@
 //! socket for the pairwise all-reduce.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,8 +16,8 @@ use proto_core::comm::{
 };
 use proto_core::wire::CommInitRequest;
 
-use super::io;
 use super::pairwise::{drive_handshake, host_of, port_of, CommLink};
+use super::{io, CommPeers, CommSettings};
 
 /// Largest bootstrap exchange (all ranks' blocks together) a rank takes part in.
 const EXCHANGE_LIMIT: usize = 1 << 20;
@@ -36,19 +36,20 @@ pub(super) fn establish(
     request: &CommInitRequest,
     backend: &dyn Backend,
     vote: bool,
-    timeout: Duration,
+    settings: &CommSettings,
 ) -> proto_core::Result<Ranked> {
+    let (timeout, peers) = (settings.timeout, &settings.peers);
     let port = port_of(request)?;
     let deadline = Instant::now() + timeout;
     let mut star = if request.rank == 0 {
-        Star::accept(port, request.world, deadline, timeout)?
+        Star::accept(port, request.world, deadline, timeout, peers)?
     } else {
         let handshake =
             Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
         let host = host_of(request)?;
-        let mut stream = io::connect(&host, port, deadline, timeout)?;
+        let mut stream = io::connect(&host, port, deadline, timeout, peers)?;
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
-        Star::leaf(stream, request.rank, request.world, timeout)?
+        Star::leaf(stream, request.rank, request.world, timeout, peers)?
     };
     let votes = star.exchange(&[path_offer(vote)])?;
     match negotiate(&votes)? {
@@ -77,6 +78,7 @@ struct Star {
     streams: Vec<TcpStream>,
     local_ip: Ipv4Addr,
     timeout: Duration,
+    peers: CommPeers,
 }
 
 impl Star {
@@ -86,6 +88,7 @@ impl Star {
         world: u32,
         deadline: Instant,
         timeout: Duration,
+        peers: &CommPeers,
     ) -> Result<Star, CommError> {
         let mut setup = Rank0Setup::new(LinkVariant::Ranked, world, [0; 24])?;
         let listener = io::listen(port)?;
@@ -103,7 +106,7 @@ impl Star {
                 progressed = true;
                 match event {
                     Rank0Event::Accept => {
-                        current = Some(io::accept(&listener, deadline, timeout)?);
+                        current = Some(io::accept(&listener, deadline, timeout, peers)?);
                         setup.handle_accepted()?;
                     }
                     Rank0Event::CapsExchanged { .. } => {}
@@ -147,6 +150,7 @@ impl Star {
             streams,
             local_ip,
             timeout,
+            peers: peers.clone(),
         })
     }
 
@@ -156,6 +160,7 @@ impl Star {
         rank: u32,
         world: u32,
         timeout: Duration,
+        peers: &CommPeers,
     ) -> Result<Star, CommError> {
         let local_ip = match stream.local_addr()? {
             SocketAddr::V4(addr) => *addr.ip(),
@@ -167,6 +172,7 @@ impl Star {
             streams: vec![stream],
             local_ip,
             timeout,
+            peers: peers.clone(),
         })
     }
 
@@ -232,5 +238,9 @@ impl Bootstrap for Star {
 
     fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    fn peer_allowed(&self, ip: IpAddr) -> bool {
+        self.peers.allows(ip)
     }
 }
