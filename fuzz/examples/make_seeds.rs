@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use proto_core::comm::CommError;
 use proto_core::ggml::{flags as tflags, types::id, GgmlTable, Op};
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{
@@ -24,6 +25,7 @@ use proto_core_fuzz::boot::{BootInput, Garbage};
 use proto_core_fuzz::client::{ClientInput, RequestShape};
 use proto_core_fuzz::graph::sample_graph;
 use proto_core_fuzz::mirror::{raw_request_selector, raw_response_selector, RESPONSE_COMMANDS};
+use proto_core_fuzz::ranked::{self, Fault, RankedInput};
 use proto_core_fuzz::server::{flag, Harness, ServerInput};
 use proto_core_fuzz::{boot, client, graph, mirror, server, Splits};
 
@@ -471,6 +473,97 @@ fn boot_seeds(seeds: &mut Seeds) {
         }
         seeds.write("bootstrap", name, &bytes);
     }
+    ranked_seeds(seeds);
+}
+
+/// Ranked-mode seeds: every fault, named after the outcome `tests/seeds.rs` asserts.
+fn ranked_seeds(seeds: &mut Seeds) {
+    let base = |world: u32, votes: u8| RankedInput {
+        world,
+        votes,
+        salt: 0x3c,
+        fault: Fault::None,
+        a: 0,
+        b: 0,
+        c: 0,
+        bytes: vec![],
+        arrival: vec![0; world as usize - 1],
+        schedule: vec![],
+    };
+    let with = |input: RankedInput, fault: Fault, a: u8, b: u8, c: u8, bytes: Vec<u8>| {
+        let mut input = RankedInput { fault, a, b, c, bytes, ..input };
+        if fault == Fault::Stranger {
+            input.arrival.push(0);
+        }
+        input
+    };
+    // A stranger speaking the protocol: caps, rank, vote, 14-byte block.
+    let impostor = |rank: u32, len: usize| {
+        let mut bytes = vec![0x11; 24];
+        bytes.extend_from_slice(&rank.to_le_bytes());
+        bytes.push(1);
+        bytes.extend_from_slice(&ranked::comm_block(rank + 100, 7));
+        bytes.truncate(len);
+        bytes
+    };
+    let interleaved: Vec<u8> = (0..120).map(|i| (i * 53 % 251) as u8).collect();
+    let byte_pieces: Vec<u8> = (0..800).map(|i| if i % 2 == 1 { 0 } else { (i / 2 % 7) as u8 }).collect();
+    let mut cases = vec![
+        ("ranked_honest_w2_comm", base(2, 0xff)),
+        ("ranked_honest_w2_pairwise", base(2, 0b01)),
+        ("ranked_honest_w3_vote_no_fails", base(3, 0b011)),
+        ("ranked_honest_w5_reverse_arrival", RankedInput { arrival: vec![3, 2, 1, 0], schedule: interleaved.clone(), ..base(5, 0xff) }),
+        ("ranked_honest_w8_byte_pieces", RankedInput { arrival: vec![5, 1, 4, 0, 2, 1, 0], schedule: byte_pieces, ..base(8, 0xff) }),
+        ("ranked_honest_w6_pairwise_refused", RankedInput { schedule: interleaved.clone(), ..base(6, 0b101111) }),
+        // Stranger: arrival [2, ..] queues it first (connections 0, 1 are ranks 1, 2).
+        ("ranked_stranger_short_closed", RankedInput { arrival: vec![2, 0, 0], ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, vec![0xee; 10]) }),
+        ("ranked_stranger_rank_out_of_range", RankedInput { arrival: vec![2, 0, 0], ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, impostor(9, 28)) }),
+        ("ranked_stranger_duplicate_rank", RankedInput { arrival: vec![0, 1, 0], ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, impostor(1, 40)) }),
+        ("ranked_stranger_last_ignored", RankedInput { arrival: vec![0, 0, 0], ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, vec![0xee; 50]) }),
+        ("ranked_stranger_stops_after_rank", RankedInput { arrival: vec![2, 0, 0], ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, impostor(2, 28)) }),
+        ("ranked_stranger_impersonates", RankedInput { arrival: vec![2, 0, 0], schedule: interleaved.clone(), ..with(base(3, 0xff), Fault::Stranger, 0, 0, 0, impostor(2, 43)) }),
+        // Bad rank from peer 1 + a % (world − 1).
+        ("ranked_bad_rank_zero", with(base(4, 0xff), Fault::BadRank, 1, 0, 0, vec![])),
+        ("ranked_bad_rank_duplicate", RankedInput { arrival: vec![2, 1, 0], ..with(base(4, 0xff), Fault::BadRank, 0, 1, 0, vec![]) }),
+        ("ranked_bad_rank_out_of_range", with(base(2, 0xff), Fault::BadRank, 0, 2, 255, vec![])),
+        // World mismatch of peer 1 (a = 0): b = 2 → W' = 6 at world 3, b = 6 → W' = 3 at world 4.
+        ("ranked_world_mismatch_out_of_range", with(base(3, 0xff), Fault::WorldMismatch, 0, 2, 7, vec![])),
+        ("ranked_world_mismatch_duplicate", with(base(3, 0xff), Fault::WorldMismatch, 0, 2, 3, vec![])),
+        ("ranked_world_mismatch_larger_times_out", with(base(3, 0xff), Fault::WorldMismatch, 0, 2, 0, vec![])),
+        ("ranked_world_mismatch_smaller_undetected", with(base(4, 0xff), Fault::WorldMismatch, 0, 6, 0, vec![])),
+        // Injection on peer 1's connection (b: bit 0 towards the peer, bit 1 the communicator's exchange).
+        ("ranked_inject_peer_vote_agreed", with(base(2, 0xff), Fault::Inject, 0, 0, 0, vec![0, 9, 9])),
+        ("ranked_inject_peer_comm_agreed", RankedInput { schedule: interleaved.clone(), ..with(base(3, 0xff), Fault::Inject, 0, 2, 0, vec![0xab; 5]) }),
+        ("ranked_inject_root_vote_fails", with(base(3, 0xff), Fault::Inject, 0, 1, 0, vec![0])),
+        ("ranked_inject_root_vote_times_out", with(base(2, 0xff), Fault::Inject, 0, 1, 0, vec![0])),
+        ("ranked_inject_root_comm_misleads", with(base(2, 0xff), Fault::Inject, 0, 3, 0, vec![1, 2, 3])),
+        ("ranked_crash_root_at_start", with(base(4, 0xff), Fault::Crash, 0, 0, 0, vec![])),
+        ("ranked_crash_never", with(base(3, 0xff), Fault::Crash, 1, 255, 0, vec![])),
+    ];
+    // Crashes of peer 1 at the first step that leaves rank 0 with each error.
+    let world = 3;
+    let mut found = [None, None, None];
+    for step in 0..=255u8 {
+        let input = with(base(world, 0xff), Fault::Crash, 1, step, 0, vec![]);
+        let outcome = ranked::run(&input.encode());
+        let slot = match &outcome.ends[0] {
+            ranked::End::Failed(CommError::ConnectionClosed { peer: None }) => 0,
+            ranked::End::Failed(CommError::ConnectionClosed { peer: Some(1) }) => 1,
+            ranked::End::Communicator { .. } if outcome.ends[1] == ranked::End::Crashed => 2,
+            _ => continue,
+        };
+        found[slot].get_or_insert(input);
+    }
+    let [before_rank, in_exchange, after_block] = found;
+    cases.push(("ranked_crash_peer_before_rank", before_rank.expect("a crash before the rank")));
+    cases.push(("ranked_crash_peer_in_exchange", in_exchange.expect("a crash in an exchange")));
+    cases.push(("ranked_crash_peer_after_last_block", after_block.expect("a crash after the last block")));
+    for (name, input) in cases {
+        let bytes = input.encode();
+        assert_eq!(RankedInput::parse(&bytes), input, "{name} layout");
+        ranked::run(&bytes);
+        seeds.write("bootstrap", name, &bytes);
+    }
 }
 
 fn sample_requests(dialect: Dialect) -> Vec<Request> {
@@ -748,7 +841,7 @@ fn main() {
         ("server_session", (|d: &[u8]| drop(server::run(d))) as fn(&[u8])),
         ("client_session", |d| drop(client::run(d))),
         ("graph_decode", |d| drop(graph::run(d))),
-        ("bootstrap", |d| drop(boot::run(d))),
+        ("bootstrap", boot::fuzz),
         ("round_trip", mirror::run),
         ("graph_compute", |d| drop(proto_core_fuzz::compute::run(d))),
     ] {

@@ -1,6 +1,7 @@
-//! See `proto_core_fuzz::boot` for the input layout and the invariants checked.
+//! See `proto_core_fuzz::boot` (star mode) and `proto_core_fuzz::ranked` (ranked mode) for the
+//! input layouts and the invariants checked.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = proto_core_fuzz::boot::run(data);
+    proto_core_fuzz::boot::fuzz(data);
 });

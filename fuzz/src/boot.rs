@@ -1,19 +1,35 @@
-//! `bootstrap`: the rank-ordered bootstrap exchange ([`BootstrapExchange`]) run on every rank
-//! of a simulated star network, with an arbitrary world, block size, arrival order and splits,
-//! optionally with one misbehaving party.
+//! `bootstrap`: two modes, chosen by bit 7 of the first input byte ([`fuzz`]).
 //!
-//! Input layout: `world: u8` (2 + w % 7), `size: u8` (modulo 65), `salt: u8`, `kind: u8` (a
-//! [`Garbage`] kind, modulo 5), `a: u8`, `b: u8`, `len: u8` (1 + len % 16 garbage bytes follow),
-//! the garbage bytes, then the schedule: pairs `(pipe, piece)` choosing which non-empty
-//! connection delivers next and how much (`piece < 128`: 1 + piece % 32 bytes, else all). Once
-//! the schedule runs out, connections deliver whole, in order.
+//! * Star mode (bit 7 clear, this module): the rank-ordered bootstrap exchange
+//!   ([`BootstrapExchange`]) run on every rank of a simulated star network, with an arbitrary
+//!   world, block size, arrival order and splits, optionally with one misbehaving party. Input
+//!   is offered as it arrives (more than `wanted()` too), so the machine's own checks are hit.
+//! * Ranked mode (bit 7 set, [`crate::ranked`]): the whole set-up of the newest link (rank 0's
+//!   accepts and handshakes, the vote, negotiation, the communicator's exchange) on every rank,
+//!   sequenced as the shells drive it over blocking sockets.
+//!
+//! Star-mode input layout: `world: u8` (2 + w % 7; bit 7 clear), `size: u8` (modulo 65),
+//! `salt: u8`, `kind: u8` (a [`Garbage`] kind, modulo 5), `a: u8`, `b: u8`, `len: u8`
+//! (1 + len % 16 garbage bytes follow), the garbage bytes, then the schedule: pairs
+//! `(pipe, piece)` choosing which non-empty connection delivers next and how much
+//! (`piece < 128`: 1 + piece % 32 bytes, else all). Once the schedule runs out, connections
+//! deliver whole, in order.
 
 use std::collections::VecDeque;
 
 use arbitrary::Unstructured;
 use proto_core::comm::{BootstrapExchange, CommError};
 
-use crate::byte;
+use crate::{byte, ranked};
+
+/// Runs one `bootstrap` input in the mode its first byte selects. Panics on a broken invariant.
+pub fn fuzz(data: &[u8]) {
+    if data.first().is_some_and(|b| b & ranked::MODE_BIT != 0) {
+        ranked::run(data);
+    } else {
+        run(data);
+    }
+}
 
 /// Caller's limit on `world · size`.
 pub const LIMIT: usize = 1 << 20;

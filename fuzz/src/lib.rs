@@ -11,6 +11,7 @@ pub mod client;
 pub mod compute;
 pub mod graph;
 pub mod mirror;
+pub mod ranked;
 pub mod server;
 
 use arbitrary::{Arbitrary, Unstructured};

@@ -4,6 +4,8 @@ use std::path::Path;
 
 use proto_core::ErrorKind;
 use proto_core_fuzz::graph::GraphOutcome;
+use proto_core::comm::CommError;
+use proto_core_fuzz::ranked::{self, End, RankedInput};
 use proto_core_fuzz::{boot, client, graph, mirror, server};
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -86,6 +88,10 @@ fn graph_seeds_decode() {
 #[test]
 fn bootstrap_and_round_trip_seeds_run() {
     for (name, data) in seeds("bootstrap") {
+        if name.starts_with("ranked_") {
+            ranked_seed_reaches_its_outcome(&name, &data);
+            continue;
+        }
         let outcome = boot::run(&data);
         assert_eq!(outcome.all_done, name.starts_with("honest") || name.starts_with("surplus"), "{name}");
     }
@@ -115,5 +121,76 @@ fn compute_seeds_run_or_refuse_at_run_time() {
         } else {
             assert!(matches!(outcome, ComputeOutcome::Computed), "{name}: {outcome:?}");
         }
+    }
+}
+
+/// The ranked-mode seed `name` ends as its name says (the harness checks the invariants).
+fn ranked_seed_reaches_its_outcome(name: &str, data: &[u8]) {
+    use CommError::*;
+    let input = RankedInput::parse(data);
+    let outcome = ranked::run(data);
+    let ends = &outcome.ends;
+    let world = input.world;
+    let failed = |e: CommError| End::Failed(e);
+    let reset = failed(Socket { kind: std::io::ErrorKind::ConnectionReset });
+    let all_honest = || ends.iter().all(|e| *e == outcome.honest);
+    match name {
+        n if n.starts_with("ranked_honest_") || n.ends_with("_ignored") || n == "ranked_crash_never" => {
+            assert!(all_honest(), "{name}: {ends:?}");
+            let comm = n.ends_with("_comm") || n.contains("reverse") || n.contains("byte_pieces") || !n.starts_with("ranked_honest");
+            let want_ok = !n.contains("fails") && !n.contains("refused");
+            assert_eq!(outcome.honest.is_ok(), want_ok, "{name}");
+            assert_eq!(matches!(outcome.honest, End::Communicator { .. }), comm, "{name}");
+            assert_eq!(matches!(outcome.honest, End::Pairwise { .. }), n.ends_with("_pairwise"), "{name}");
+            if !want_ok {
+                assert_eq!(outcome.honest, failed(PairwiseNeedsTwoRanks { world: u64::from(world) }));
+            }
+        }
+        "ranked_stranger_short_closed" | "ranked_crash_peer_before_rank" => {
+            assert_eq!(ends[0], failed(ConnectionClosed { peer: None }), "{name}")
+        }
+        "ranked_stranger_rank_out_of_range" => assert_eq!(ends[0], failed(PeerRankOutOfRange { rank: 9, world })),
+        "ranked_stranger_duplicate_rank" => assert_eq!(ends[0], failed(DuplicatePeerRank { rank: 1 })),
+        "ranked_stranger_stops_after_rank" => assert_eq!(ends[0], failed(ConnectionClosed { peer: Some(2) })),
+        "ranked_stranger_impersonates" => {
+            // Rank 0 and rank 1 take the stranger for rank 2; rank 2 was never accepted.
+            assert!(ends[0].is_ok() && ends[0] != outcome.honest && ends[1] == ends[0], "{ends:?}");
+            assert_eq!(ends[2], reset);
+        }
+        "ranked_bad_rank_zero" => assert_eq!(ends[0], failed(PeerRankOutOfRange { rank: 0, world })),
+        "ranked_bad_rank_duplicate" => assert_eq!(ends[0], failed(DuplicatePeerRank { rank: 2 })),
+        "ranked_bad_rank_out_of_range" => assert_eq!(ends[0], failed(PeerRankOutOfRange { rank: u32::MAX, world })),
+        "ranked_world_mismatch_out_of_range" => assert_eq!(ends[0], failed(PeerRankOutOfRange { rank: 4, world })),
+        "ranked_world_mismatch_duplicate" => assert_eq!(ends[0], failed(DuplicatePeerRank { rank: 2 })),
+        "ranked_world_mismatch_larger_times_out" | "ranked_inject_root_vote_times_out" => {
+            assert!(outcome.timed_out, "{name}: {ends:?}");
+            assert_eq!(ends[0], failed(Timeout { millis: 0 }), "{name}");
+        }
+        "ranked_world_mismatch_smaller_undetected" | "ranked_inject_root_comm_misleads" => {
+            // Every rank "succeeds"; only the misled peer 1 holds different arrays.
+            assert!(!outcome.timed_out && ends.iter().all(End::is_ok), "{name}: {ends:?}");
+            assert!(ends[1] != outcome.honest, "{name}");
+            assert!(ends.iter().enumerate().all(|(r, e)| r == 1 || *e == outcome.honest), "{name}");
+        }
+        "ranked_inject_peer_vote_agreed" | "ranked_inject_peer_comm_agreed" => {
+            assert!(ends.iter().all(|e| e.is_ok() && *e == ends[0]), "{name}: {ends:?}");
+            assert!(ends[0] != outcome.honest, "{name}");
+        }
+        "ranked_inject_root_vote_fails" => {
+            assert_eq!(ends[1], failed(PairwiseNeedsTwoRanks { world: 3 }));
+            assert_eq!(ends[0], failed(ConnectionClosed { peer: Some(1) }));
+        }
+        "ranked_crash_root_at_start" => {
+            assert_eq!(ends[0], End::Crashed);
+            assert!(ends[1..].iter().all(|e| *e == reset), "{ends:?}");
+        }
+        "ranked_crash_peer_in_exchange" => {
+            assert_eq!((&ends[0], &ends[1]), (&failed(ConnectionClosed { peer: Some(1) }), &End::Crashed))
+        }
+        "ranked_crash_peer_after_last_block" => {
+            assert_eq!(ends[1], End::Crashed);
+            assert!(ends[0] == outcome.honest && ends[2] == outcome.honest, "{ends:?}");
+        }
+        _ => panic!("{name}: no expectation for this ranked seed"),
     }
 }
