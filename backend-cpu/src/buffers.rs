@@ -32,7 +32,9 @@
 //! # Accounting
 //! Each buffer decrements the shared counters when it is dropped, i.e. when the last `Arc` goes
 //! away, so [`BufferPool::used_bytes`] never reports memory as returned while a concurrent
-//! operation still holds it.
+//! operation still holds it. The pool has a capacity: an allocation that would take the
+//! requested sizes of all live buffers past it is refused (a soft `None`) before any memory is
+//! touched, so buffers backed lazily can never promise away more than the host has.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -241,33 +243,46 @@ pub(crate) struct BufferPool {
     buffers: RwLock<HashMap<BufferId, Arc<HostBuffer>>>,
     stats: Arc<Stats>,
     pages: PagePolicy,
+    capacity: u64,
 }
 
 impl Default for BufferPool {
     fn default() -> Self {
-        BufferPool::new(PagePolicy::default())
+        BufferPool::new(PagePolicy::default(), u64::MAX)
     }
 }
 
 impl BufferPool {
-    /// An empty pool whose large buffers get `pages`.
-    pub(crate) fn new(pages: PagePolicy) -> BufferPool {
+    /// An empty pool whose large buffers get `pages`, holding at most `capacity` bytes.
+    pub(crate) fn new(pages: PagePolicy, capacity: u64) -> BufferPool {
         BufferPool {
             // Ids start at 1 so a zeroed id is never a live buffer.
             next_id: AtomicU64::new(1),
             buffers: RwLock::new(HashMap::new()),
             stats: Arc::default(),
             pages,
+            capacity,
         }
     }
 
-    /// Allocates a zero-filled buffer of `size` bytes; `None` when it cannot be had.
+    /// Allocates a zero-filled buffer of `size` bytes; `None` when it cannot be had or would
+    /// take the pool past its capacity.
     pub(crate) fn alloc(&self, size: u64) -> Option<BufferId> {
         let len = usize::try_from(size).ok()?;
+        // Reserve first, so concurrent allocations cannot together pass the capacity.
+        self.stats
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(size)
+                    .filter(|&total| total <= self.capacity)
+            })
+            .ok()?;
         // Allocate before taking the table lock: a large allocation may take a while and must
         // not stall other connections' lookups.
-        let storage = Storage::zeroed(len, self.pages)?;
-        self.stats.used_bytes.fetch_add(size, Ordering::Relaxed);
+        let Some(storage) = Storage::zeroed(len, self.pages) else {
+            self.stats.used_bytes.fetch_sub(size, Ordering::AcqRel);
+            return None;
+        };
         self.stats.live_buffers.fetch_add(1, Ordering::Relaxed);
         let buffer = Arc::new(HostBuffer {
             len,
@@ -350,7 +365,7 @@ impl BufferPool {
 
     /// Bytes held by live buffers (their requested sizes).
     pub(crate) fn used_bytes(&self) -> u64 {
-        self.stats.used_bytes.load(Ordering::Relaxed)
+        self.stats.used_bytes.load(Ordering::Acquire)
     }
 
     /// Number of live buffers.
@@ -388,7 +403,7 @@ mod tests {
     fn buffers_start_zeroed_and_are_sized_exactly() {
         let mapped = MAPPED_MIN as u64;
         for pages in [PagePolicy::Huge, PagePolicy::Base] {
-            let pool = BufferPool::new(pages);
+            let pool = BufferPool::new(pages, u64::MAX);
             for size in [0u64, 1, 15, 16, 17, 1000, mapped - 1, mapped, mapped + 3] {
                 let id = pool.alloc(size).unwrap();
                 let buffer = pool.get(id).unwrap();
@@ -437,7 +452,7 @@ mod tests {
         // kernel the advice is refused and nothing can be checked but the absence.
         let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
         for (pages, advised) in [(PagePolicy::Huge, thp), (PagePolicy::Base, false)] {
-            let pool = BufferPool::new(pages);
+            let pool = BufferPool::new(pages, u64::MAX);
             let id = pool.alloc(4 * MAPPED_MIN as u64).unwrap();
             let buffer = pool.get(id).unwrap();
             let address = buffer.read().bytes().as_ptr() as usize;
@@ -463,6 +478,21 @@ mod tests {
         assert!(pool.alloc(isize::MAX as u64).is_none());
         assert_eq!(pool.live_buffers(), 0);
         assert_eq!(pool.used_bytes(), 0);
+    }
+
+    #[test]
+    fn allocations_past_the_capacity_are_refused_until_memory_comes_back() {
+        let pool = BufferPool::new(PagePolicy::Base, 1000);
+        let a = pool.alloc(600).expect("fits");
+        assert_eq!(pool.alloc(401), None, "600 + 401 > 1000");
+        let b = pool.alloc(400).expect("exactly full");
+        assert_eq!(pool.alloc(1), None);
+        assert_eq!(pool.used_bytes(), 1000);
+        pool.free(a);
+        assert_eq!(pool.used_bytes(), 400);
+        assert!(pool.alloc(600).is_some());
+        pool.free(b);
+        assert_eq!(pool.alloc(u64::MAX), None);
     }
 
     #[test]

@@ -68,6 +68,36 @@ pub struct CpuConfig {
     pub threads: usize,
     /// The pages behind large buffers: transparent huge pages by default.
     pub pages: PagePolicy,
+    /// Most bytes all buffers together may hold.
+    pub capacity: MemoryCapacity,
+}
+
+/// How much memory the device's buffers may hold together. Buffers are backed lazily, so
+/// without a bound clients could be promised more than the host has, and writing into it
+/// would get the whole server killed by the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryCapacity {
+    /// What the host reports available when the backend starts, less a margin for the
+    /// server itself and the system: a tenth of the total, at least 1 GiB (unbounded where
+    /// the host's memory cannot be read).
+    #[default]
+    Available,
+    /// A fixed number of bytes.
+    Bytes(u64),
+}
+
+impl MemoryCapacity {
+    /// The capacity in bytes; `host` gives the host's memory (`None`: unknown) and is only
+    /// asked for [`MemoryCapacity::Available`].
+    pub fn resolve(self, host: impl FnOnce() -> Option<DeviceMemory>) -> u64 {
+        match self {
+            MemoryCapacity::Bytes(bytes) => bytes,
+            MemoryCapacity::Available => host().map_or(u64::MAX, |host| {
+                let margin = (host.total / 10).max(1 << 30);
+                host.free.saturating_sub(margin)
+            }),
+        }
+    }
 }
 
 impl Default for CpuConfig {
@@ -77,6 +107,7 @@ impl Default for CpuConfig {
         CpuConfig {
             threads: (hardware / 2).max(1),
             pages: PagePolicy::default(),
+            capacity: MemoryCapacity::default(),
         }
     }
 }
@@ -89,6 +120,8 @@ impl Default for CpuConfig {
 #[derive(Debug)]
 pub struct CpuBackend {
     threads: usize,
+    /// Most bytes all buffers together may hold.
+    capacity: u64,
     /// The compute threads, started on the first graph that needs them.
     pool: compute::Pool,
     buffers: BufferPool,
@@ -106,10 +139,12 @@ impl CpuBackend {
     /// A backend with the given settings and no buffers.
     pub fn new(config: CpuConfig) -> CpuBackend {
         let threads = config.threads.max(1);
+        let capacity = config.capacity.resolve(meminfo::system_memory);
         CpuBackend {
             threads,
+            capacity,
             pool: compute::Pool::new(threads),
-            buffers: BufferPool::new(config.pages),
+            buffers: BufferPool::new(config.pages, capacity),
         }
     }
 
@@ -127,6 +162,11 @@ impl CpuBackend {
     /// otherwise `"CPU"` (as ggml's CPU device does).
     pub fn device_description(&self) -> String {
         meminfo::cpu_description()
+    }
+
+    /// Most bytes all buffers together may hold (see [`MemoryCapacity`]).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
     }
 
     /// Bytes held by live buffers (requested sizes), to check that closed connections gave
@@ -153,7 +193,19 @@ impl Backend for CpuBackend {
     }
 
     fn device_memory(&self, _device: u32) -> DeviceMemory {
-        meminfo::system_memory().unwrap_or(UNKNOWN_MEMORY)
+        // Free is what a new buffer can still get: never more than the capacity leaves.
+        let left = self.capacity.saturating_sub(self.buffers.used_bytes());
+        match meminfo::system_memory() {
+            Some(host) => DeviceMemory {
+                free: host.free.min(left),
+                total: host.total,
+            },
+            None if self.capacity == u64::MAX => UNKNOWN_MEMORY,
+            None => DeviceMemory {
+                free: left,
+                total: self.capacity,
+            },
+        }
     }
 
     fn alignment(&self, _device: u32) -> u64 {

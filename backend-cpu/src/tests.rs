@@ -47,6 +47,42 @@ fn answers_device_queries_like_ggml_cpu() {
 }
 
 #[test]
+fn the_capacity_bounds_allocations_and_free_memory() {
+    let gib = 1u64 << 30;
+    let host = DeviceMemory {
+        free: 20 * gib,
+        total: 24 * gib,
+    };
+    // A tenth of the total (at least 1 GiB) stays with the system and the server.
+    let available = MemoryCapacity::Available.resolve(|| Some(host));
+    assert_eq!(available, 20 * gib - 24 * gib / 10);
+    let small = DeviceMemory {
+        free: 3 * gib,
+        total: 4 * gib,
+    };
+    assert_eq!(MemoryCapacity::Available.resolve(|| Some(small)), 2 * gib);
+    assert_eq!(MemoryCapacity::Available.resolve(|| None), u64::MAX);
+    assert_eq!(MemoryCapacity::Bytes(5).resolve(|| unreachable!()), 5);
+
+    let backend = CpuBackend::new(CpuConfig {
+        threads: 1,
+        capacity: MemoryCapacity::Bytes(1 << 20),
+        ..CpuConfig::default()
+    });
+    assert_eq!(backend.capacity(), 1 << 20);
+    let first = alloc(&backend, 700 << 10);
+    assert!(backend.device_memory(0).free <= 324 << 10);
+    assert!(
+        backend.alloc_buffer(0, 400 << 10).is_none(),
+        "refused like a failed allocation"
+    );
+    backend.free_buffer(first);
+    assert!(backend.device_memory(0).free <= 1 << 20);
+    alloc(&backend, 1 << 20);
+    assert_eq!(backend.device_memory(0).free, 0);
+}
+
+#[test]
 fn threads_are_stored_and_never_zero() {
     assert_eq!(
         CpuBackend::new(CpuConfig {

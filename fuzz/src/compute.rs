@@ -19,7 +19,7 @@
 //!   `op_params` as `i32` or `i8` accordingly.
 
 use arbitrary::{Arbitrary, Unstructured};
-use backend_cpu::{CpuBackend, CpuConfig, PagePolicy};
+use backend_cpu::{CpuBackend, CpuConfig, MemoryCapacity, PagePolicy};
 use proto_core::backend::{Backend, TensorLocation};
 use proto_core::ggml::{flags, type_info, types::id as ty, GgmlTable, OP_COUNT};
 use proto_core::graph::{Graph, GraphLimits};
@@ -225,6 +225,7 @@ pub fn run(data: &[u8]) -> ComputeOutcome {
     let backend = CpuBackend::new(CpuConfig {
         threads: 1 + usize::from(input.threads) % 3,
         pages: PagePolicy::Base,
+        capacity: MemoryCapacity::Bytes(u64::MAX),
     });
     let buffer = backend
         .alloc_buffer(0, BUFFER_SIZE)

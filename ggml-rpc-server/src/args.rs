@@ -79,6 +79,12 @@ pub struct Args {
     #[arg(long, value_name = "BYTES")]
     pub memory_quota: Option<u64>,
 
+    /// Most bytes of buffers all clients together may hold (default: the memory available at
+    /// start, less a tenth of the total, at least 1 GiB). ALLOC_BUFFER past it is refused as a
+    /// failed allocation, and GET_DEVICE_MEMORY reports no more free than is left.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_capacity: Option<u64>,
+
     /// Back buffers with the system's base pages only. By default buffers of 2 MiB or more
     /// are advised onto transparent huge pages (fewer TLB misses when weights stream through
     /// compute); turn that off where huge-page faults or compaction stalls cost more.

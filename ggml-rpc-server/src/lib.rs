@@ -66,7 +66,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         backend_cpu::PagePolicy::Huge
     };
-    let devices = devices::open(&selected, backend_cpu::CpuConfig { threads, pages });
+    let capacity = args.memory_capacity.map_or(
+        backend_cpu::MemoryCapacity::Available,
+        backend_cpu::MemoryCapacity::Bytes,
+    );
+    let devices = devices::open(
+        &selected,
+        backend_cpu::CpuConfig {
+            threads,
+            pages,
+            capacity,
+        },
+    );
 
     let cache_dir = match (&args.cache_dir, args.cache) {
         (Some(dir), _) => Some(dir.clone()),
