@@ -37,6 +37,10 @@ const HELLO: usize = 16;
 /// Elements per segment: the unit that is passed on as soon as it is summed.
 const SEGMENT: usize = 1 << 18;
 const POLL: Duration = Duration::from_millis(5);
+/// What the receiving side sees when the sender thread gave up (its own error says why).
+const SENDER_STOPPED: CommError = CommError::InvalidState {
+    operation: "ring sender stopped",
+};
 
 /// A ring of TCP connections: to the next rank and from the previous one.
 #[derive(Debug)]
@@ -142,8 +146,11 @@ impl Ring {
                 .unwrap_or(Err(Error::Comm(CommError::InvalidState {
                     operation: "ring sender thread panicked",
                 })));
-            // A receive error explains a failed send (the queue closed), not the other way round.
-            received.and(sent)
+            match (received, sent) {
+                // The sender stopped on a failed write: that write's error is the reason.
+                (Err(Error::Comm(SENDER_STOPPED)), Err(write)) => Err(write),
+                (received, sent) => received.and(sent),
+            }
         })
     }
 }
@@ -160,11 +167,7 @@ fn receive_side(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
-    let send = |data: bytes::Bytes| {
-        queue
-            .send(data)
-            .map_err(|_| Error::Comm(CommError::ConnectionClosed { peer: None }))
-    };
+    let send = |data: bytes::Bytes| queue.send(data).map_err(|_| Error::Comm(SENDER_STOPPED));
     let n = values.len();
     let mut wire = Vec::new();
     for segment in segments(chunk(n, world, rank)) {
