@@ -155,6 +155,9 @@ impl Ring {
     }
 }
 
+/// What the receiving side does with one received segment: its values here and the wire bytes.
+type OnSegment<'a> = dyn FnMut(&mut [f32], &[u8]) -> Result<()> + 'a;
+
 /// The receiving half of one all-reduce; queues every segment the sender passes on.
 #[allow(clippy::too_many_arguments)]
 fn receive_side(
@@ -170,50 +173,47 @@ fn receive_side(
     let send = |data: bytes::Bytes| queue.send(data).map_err(|_| Error::Comm(SENDER_STOPPED));
     let n = values.len();
     let mut wire = Vec::new();
+    // Reads chunk `c` segment by segment from the previous rank and hands each to `f`.
+    let mut receive_chunk = |values: &mut [f32], c: usize, f: &mut OnSegment<'_>| -> Result<()> {
+        for segment in segments(chunk(n, world, c)) {
+            let part = &mut values[segment];
+            let len = part.len() * format.element_size();
+            read_wire(from_prev, &mut wire, len, deadline, timeout)?;
+            f(part, &wire)?;
+        }
+        Ok(())
+    };
     for segment in segments(chunk(n, world, rank)) {
         send(encode_partial(&values[segment], format))?;
     }
     // Reduce-scatter: step s receives chunk (rank − s − 1) and passes it on summed.
     for step in 0..world - 1 {
-        let c = (rank + 2 * world - step - 1) % world;
         let last = step == world - 2;
-        for segment in segments(chunk(n, world, c)) {
-            let part = &mut values[segment];
-            read_wire(
-                from_prev,
-                &mut wire,
-                part.len() * format.element_size(),
-                deadline,
-                timeout,
-            )?;
-            accumulate(part, &wire, format)?;
-            if last && format == WireFormat::Bf16 {
-                // The finished chunk: every rank must hold what the others receive.
-                for v in part.iter_mut() {
-                    *v = bf16_to_f32(f32_to_bf16(*v));
+        receive_chunk(
+            values,
+            (rank + 2 * world - step - 1) % world,
+            &mut |part, wire| {
+                accumulate(part, wire, format)?;
+                if last && format == WireFormat::Bf16 {
+                    // The finished chunk: every rank must hold what the others receive.
+                    for v in part.iter_mut() {
+                        *v = bf16_to_f32(f32_to_bf16(*v));
+                    }
                 }
-            }
-            send(encode_partial(part, format))?;
-        }
+                send(encode_partial(part, format))
+            },
+        )?;
     }
     // All-gather: step s receives finished chunk (rank − s) and passes it on unless it is the
     // one the next rank finished.
     for step in 0..world - 1 {
-        let c = (rank + world - step) % world;
-        for segment in segments(chunk(n, world, c)) {
-            let part = &mut values[segment];
-            read_wire(
-                from_prev,
-                &mut wire,
-                part.len() * format.element_size(),
-                deadline,
-                timeout,
-            )?;
-            decode(part, &wire, format);
+        receive_chunk(values, (rank + world - step) % world, &mut |part, wire| {
+            decode(part, wire, format);
             if step < world - 2 {
-                send(bytes::Bytes::copy_from_slice(&wire))?;
+                send(bytes::Bytes::copy_from_slice(wire))?;
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(())
 }
