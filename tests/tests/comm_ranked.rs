@@ -505,3 +505,56 @@ fn comm_peers_refuse_connecting_and_accepting_outside_the_list() {
         ));
     }
 }
+
+/// A peer that completes the handshake as rank 1, votes for the communicator, then sends a
+/// ring block pointing nowhere (127.0.0.1:1) and garbage: rank 0 answers COMM_INIT with 0
+/// within the timeout and keeps serving.
+#[test]
+fn hostile_bytes_in_the_exchange_fail_the_set_up_cleanly() {
+    let servers = our_group(1);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut group = ranks(&[servers[0].addr], 16).await;
+        let port = harness::free_port();
+        let request = comm_init(0, 2, u32::from(port), "");
+        let init = group[0].client.comm_init(&request);
+        let peer = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let start = Instant::now();
+            let mut s = loop {
+                if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                    break s;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "rank 0 never listened"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let mut caps = [0u8; 24];
+            s.write_all(&[0u8; 24]).unwrap(); // caps
+            s.read_exact(&mut caps).unwrap();
+            s.write_all(&1u32.to_le_bytes()).unwrap(); // rank 1
+            s.write_all(&[1]).unwrap(); // votes yes
+            let mut votes = [0u8; 2];
+            s.read_exact(&mut votes).unwrap();
+            assert_eq!(votes, [1, 1], "both voted for the communicator");
+            // the ring block: 127.0.0.1, port 1, a token; then bytes nobody asked for
+            let mut block = vec![127, 0, 0, 1, 1, 0];
+            block.extend_from_slice(&[0xee; 8]);
+            block.extend_from_slice(&[0xff; 64]);
+            let _ = s.write_all(&block);
+            std::thread::sleep(COMM_TIMEOUT + Duration::from_secs(1));
+        });
+        let started = Instant::now();
+        let ok = t("rank 0: COMM_INIT with a hostile peer", init).await;
+        assert!(!ok, "a hostile peer must fail the set-up");
+        assert!(
+            started.elapsed() < COMM_TIMEOUT * 3,
+            "took {:?}",
+            started.elapsed()
+        );
+        t("rank 0: DEVICE_COUNT after", group[0].client.device_count()).await;
+        peer.await.unwrap();
+    });
+}
