@@ -94,6 +94,8 @@ prompt=${TP_PROMPT:-"Once upon a time"}
 pids=() chroot_tmp=""
 cleanup() { for p in "${pids[@]}"; do conf_kill "$p"; done; pids=(); }
 trap 'cleanup; [ -z "$chroot_tmp" ] || rm -rf "$chroot_tmp"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # start_servers KIND COUNT: our servers (KIND=ours, protocol $OUR_PROTO) or the reference's
 # ($REF_SERVER), on free loopback ports or, on the test bed, one per host on its address; logs
