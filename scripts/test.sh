@@ -62,7 +62,10 @@ bash scripts/conformance/e2e.sh --strict
 bash scripts/conformance/fidelity.sh --seeds 1 --prompts 10 -n 40
 # Tensor parallelism: b12032+1's llama-completion with -sm tensor across 2, 3 and 4 of our
 # servers (ranked comm link, the CPU ring all-reduce): greedy text identical to CPU-only, and
-# every server ran COMM_ALLREDUCE; on the multi-host test bed (a network namespace per server).
+# every server ran COMM_ALLREDUCE; then b11739's client (its libllama in its chroot,
+# scripts/peer/b11739_generate.py) across two of our --protocol 8.0.0 servers (and 3, 4, where it
+# sums by itself): token ids identical to its CPU-only run; on the multi-host test bed (a network
+# namespace per server). About 1 min of the step is b11739's.
 bash scripts/conformance/tp.sh --testbed
 
 step "fuzz (${FUZZ_SECONDS}s per target)"

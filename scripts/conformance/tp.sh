@@ -13,9 +13,20 @@
 # "tensor write out of bounds" in ggml_backend_tensor_set_2d, with its own servers too); the
 # script checks that this is still so, to notice when upstream fixes it.
 #
+# b11739's client (protocol 8.0.0; the peer has libllama but no llama-completion, so
+# scripts/peer/b11739_generate.py drives it with ctypes inside its chroot) splits the same models
+# across two of our servers with --protocol 8.0.0 (its link takes exactly two) and, as the
+# control, two of b11739's own servers: the greedy token ids must equal its CPU-only run's, and
+# both of ours must have run COMM_ALLREDUCE. Across 3 or 4 servers (the other --worlds) its
+# client forms no server link (no COMM_INIT reaches our servers, b11739's own log no comm_init)
+# and sums the partial results itself: the ids must still match, with no COMM_ALLREDUCE. Its
+# client aborts loading Q4_K with -sm tensor as b12032+1's does; checked the same way.
+#
 # usage: scripts/conformance/tp.sh [options]
 #   --worlds LIST      numbers of servers (default 2,3,4)
 #   --types LIST       model types (default f32,f16,q8_0,q4_0)
+#   --clients LIST     b12032 (b12032+1's llama-completion), b11739 (its libllama through
+#                      scripts/peer/b11739_generate.py); default b12032,b11739
 #   --testbed          run every server and the client in its own host (network namespace)
 #                      of scripts/testbed/testbed.sh, links rate-limited by --rate (as root)
 #   --rate R           link rate on the test bed (default 1gbit)
@@ -26,12 +37,13 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-worlds="2,3,4" types="f32,f16,q8_0,q4_0" n=24 logdir="$CONF_OUT/tp" testbed=0 rate=1gbit
+worlds="2,3,4" types="f32,f16,q8_0,q4_0" clients="b12032,b11739" n=24 logdir="$CONF_OUT/tp" testbed=0 rate=1gbit
 all_args=("$@")
 while [ $# -gt 0 ]; do
     case "$1" in
         --worlds) worlds=$2; shift 2 ;;
         --types) types=$2; shift 2 ;;
+        --clients) clients=$2; shift 2 ;;
         --testbed) testbed=1; shift ;;
         --rate) rate=$2; shift 2 ;;
         -n) n=$2; shift 2 ;;
@@ -41,11 +53,17 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-# --testbed: run this script again inside a test bed of max(worlds) + 1 hosts; the last host
-# runs the client (llama-completion, llama_probe), hosts 1..N the servers of each run.
+has_client() { case ",$clients," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+for c in ${clients//,/ }; do
+    case "$c" in b12032|b11739) ;; *) conf_die "unknown client $c (b12032, b11739)" ;; esac
+done
+
+# --testbed: run this script again inside a test bed of max(worlds) + 1 hosts (at least 3 for
+# b11739's two servers); the last host runs the client (llama-completion, llama_probe,
+# b11739_generate.py), hosts 1..N the servers of each run.
 if [ "$testbed" = 1 ] && [ -z "${TESTBED:-}" ]; then
     [ "$(id -u)" -eq 0 ] || conf_die "--testbed needs root (network namespaces)"
-    max=0
+    max=2
     for w in ${worlds//,/ }; do [ "$w" -gt "$max" ] && max=$w; done
     exec bash "$REPO_ROOT/scripts/testbed/testbed.sh" run --hosts $((max + 1)) --rate "$rate" \
         -- bash "$0" "${all_args[@]}"
@@ -69,39 +87,20 @@ py=$(conf_python)
     || conf_die "make-models.py failed"
 "$py" "$CONF_DIR/make-models.py" --out "$models" --preset tiny --types q4_k >&2 \
     || conf_die "make-models.py failed"
-
-conf_select_peer b12032
-conf_check_peer
-conf_build_tools
 conf_build_our_server
-COMPLETION="$PEER_BIN/llama-completion"
-REF_SERVER="$PEER_BIN/ggml-rpc-server"
-[ -x "$COMPLETION" ] || conf_die "$COMPLETION missing"
 mkdir -p "$logdir"
-
 prompt=${TP_PROMPT:-"Once upon a time"}
-# complete OUT ERR [extra args...]: greedy generation, flash attention on. llama-completion
-# prints through a log thread that is not flushed at exit, so the tail of the text can be lost
-# with status 0; the perf summary is logged last: without it, run again (as e2e_run.py does).
-complete() {
-    local out=$1 err=$2 attempt rc; shift 2
-    for attempt in 1 2 3; do
-        rc=0
-        in_client env GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
-            -no-cnv -fa on -t 1 --no-warmup --no-repack "$@" >"$out" 2>"$err" || rc=$?
-        if [ "$rc" -ne 0 ] || grep -q "total time =" "$err"; then return "$rc"; fi
-        conf_log "llama-completion output truncated (log not flushed), run $attempt: again"
-    done
-    return 1
-}
 
-pids=()
+pids=() chroot_tmp=""
 cleanup() { for p in "${pids[@]}"; do conf_kill "$p"; done; pids=(); }
-trap cleanup EXIT
+trap 'cleanup; [ -z "$chroot_tmp" ] || rm -rf "$chroot_tmp"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-# start_servers KIND COUNT: our (KIND=ours) or the reference's servers, on free loopback
-# ports or, on the test bed, one per host on its address; sets ENDPOINTS (comma-separated) and
-# LOGS (array)
+# start_servers KIND COUNT: our servers (KIND=ours, protocol $OUR_PROTO) or the reference's
+# ($REF_SERVER), on free loopback ports or, on the test bed, one per host on its address; logs
+# $logdir/$LOG_TAG$KIND-COUNT-I.log; sets ENDPOINTS (comma-separated) and LOGS (array)
+LOG_TAG=""
 start_servers() {
     local kind=$1 count=$2 i host port pid log cmd
     ENDPOINTS="" LOGS=()
@@ -114,9 +113,9 @@ start_servers() {
             host=127.0.0.1
             while :; do port=$(conf_free_port); [ "$port" -lt 64000 ] && break; done
         fi
-        log="$logdir/$kind-$count-$i.log"
+        log="$logdir/$LOG_TAG$kind-$count-$i.log"
         if [ "$kind" = ours ]; then
-            cmd=("$OUR_SERVER" --protocol 8.0.1 -t 1 -H "$host" -p "$port" -v --comm-timeout 30)
+            cmd=("$OUR_SERVER" --protocol "$OUR_PROTO" -t 1 -H "$host" -p "$port" -v --comm-timeout 30)
         else
             cmd=(env GGML_RPC_NO_RDMA=1 "$REF_SERVER" -d CPU -t 1 -H "$host" -p "$port")
         fi
@@ -147,8 +146,51 @@ wait_endpoint() {
     return 1
 }
 
+# allreduced TAG: every one of our servers just run (LOGS) ran COMM_ALLREDUCE (and, with
+# NEED_COMMUNICATOR=1, voted for its backend communicator, the ring); reports the result
+allreduced() {
+    local tag=$1 log missing=""
+    for log in "${LOGS[@]}"; do
+        grep -q "COMM_ALLREDUCE" "$log" || missing+=" $log"
+        if [ "${NEED_COMMUNICATOR:-0}" = 1 ]; then
+            grep -q "backend communicator" "$log" || missing+=" $log(no communicator)"
+        fi
+    done
+    if [ -n "$missing" ]; then
+        report "FAIL $tag: identical output, but no COMM_ALLREDUCE in:$missing"
+        failures=$((failures + 1))
+    else
+        report "ok   $tag: identical to CPU-only, $(grep -c COMM_ALLREDUCE "${LOGS[0]}") all-reduces on rank 0"
+    fi
+}
+
 failures=0
 report() { conf_log "$*"; }
+
+# ---- b12032+1's client: llama-completion and llama_probe, every world -----------------------
+if has_client b12032; then
+conf_select_peer b12032
+conf_check_peer
+conf_build_tools
+COMPLETION="$PEER_BIN/llama-completion"
+REF_SERVER="$PEER_BIN/ggml-rpc-server"
+OUR_PROTO=8.0.1 NEED_COMMUNICATOR=1 LOG_TAG=""
+[ -x "$COMPLETION" ] || conf_die "$COMPLETION missing"
+
+# complete OUT ERR [extra args...]: greedy generation, flash attention on. llama-completion
+# prints through a log thread that is not flushed at exit, so the tail of the text can be lost
+# with status 0; the perf summary is logged last: without it, run again (as e2e_run.py does).
+complete() {
+    local out=$1 err=$2 attempt rc; shift 2
+    for attempt in 1 2 3; do
+        rc=0
+        in_client env GGML_NO_BACKTRACE=1 timeout 300 "$COMPLETION" -p "$prompt" -n "$n" --temp 0 --top-k 1 --seed 1 \
+            -no-cnv -fa on -t 1 --no-warmup --no-repack "$@" >"$out" 2>"$err" || rc=$?
+        if [ "$rc" -ne 0 ] || grep -q "total time =" "$err"; then return "$rc"; fi
+        conf_log "llama-completion output truncated (log not flushed), run $attempt: again"
+    done
+    return 1
+}
 
 for ty in ${types//,/ }; do
     model="$models/tp-llama-$ty.gguf"
@@ -167,17 +209,7 @@ for ty in ${types//,/ }; do
             diff <(cat "$logdir/$ty-cpu.txt"; echo) <(cat "$logdir/$tag.txt"; echo) >&2 || true
             failures=$((failures + 1))
         elif [ "$kind" = ours ]; then
-            missing=""
-            for log in "${LOGS[@]}"; do
-                grep -q "COMM_ALLREDUCE" "$log" || missing+=" $log"
-                grep -q "backend communicator" "$log" || missing+=" $log(no communicator)"
-            done
-            if [ -n "$missing" ]; then
-                report "FAIL $tag: identical text, but no COMM_ALLREDUCE on the ring in:$missing"
-                failures=$((failures + 1))
-            else
-                report "ok   $tag: identical to CPU-only, $(grep -c COMM_ALLREDUCE "${LOGS[0]}") all-reduces on rank 0"
-            fi
+            allreduced "$tag"
         else
             report "ok   $tag: identical to CPU-only"
         fi
@@ -230,6 +262,69 @@ else
     failures=$((failures + 1))
 fi
 cleanup
+fi # b12032
+
+# ---- b11739's client: its libllama driven by b11739_generate.py inside its chroot, which sees
+# only the chroot: the script and each model are copied into a scratch folder there
+if has_client b11739; then
+B11739="$PEER_ROOT/b11739"
+CHROOT="$B11739/chroot"
+[ -f "$B11739/.complete" ] && [ -x "$B11739/rpc-server" ] \
+    || conf_die "llama.cpp b11739 not found under $B11739 (run scripts/peer/setup-b11739.sh)"
+REF_SERVER="$B11739/rpc-server"
+OUR_PROTO=8.0.0 NEED_COMMUNICATOR=0 LOG_TAG=b11739-
+chroot_tmp=$(mktemp -d "$CHROOT/tmp/ggml-rpc-tp.XXXXXX")
+cp "$REPO_ROOT/scripts/peer/b11739_generate.py" "$chroot_tmp/"
+inside=${chroot_tmp#"$CHROOT"}
+# generate OUT [b11739_generate.py args...]: the greedy token ids ($chroot_tmp/model.gguf) on one line
+generate() {
+    local out=$1; shift
+    in_client timeout 300 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 chroot "$CHROOT" \
+        python3 "$inside/b11739_generate.py" -m "$inside/model.gguf" -p "$prompt" -n "$n" -t 1 "$@" \
+        >"$out" 2>"${out%.ids}.err" && [ -s "$out" ]
+}
+for ty in ${types//,/ }; do
+    cp "$models/tp-llama-$ty.gguf" "$chroot_tmp/model.gguf"
+    generate "$logdir/b11739-$ty-cpu.ids" || conf_die "b11739 CPU-only run failed ($ty): $logdir/b11739-$ty-cpu.err"
+    runs=("ours:2" "reference:2")
+    for w in ${worlds//,/ }; do [ "$w" -gt 2 ] && runs+=("ours:$w"); done
+    for run in "${runs[@]}"; do
+        kind=${run%%:*} w=${run##*:} tag="b11739-$ty-$kind-$w"
+        start_servers "$kind" "$w"
+        if ! generate "$logdir/$tag.ids" --rpc "$ENDPOINTS" --split tensor; then
+            report "FAIL $tag: b11739_generate.py failed (see $logdir/$tag.err)"
+            failures=$((failures + 1))
+        elif ! cmp -s "$logdir/b11739-$ty-cpu.ids" "$logdir/$tag.ids"; then
+            report "FAIL $tag: token ids differ from CPU-only"
+            diff "$logdir/b11739-$ty-cpu.ids" "$logdir/$tag.ids" >&2 || true
+            failures=$((failures + 1))
+        elif [ "$kind" = ours ] && [ "$w" = 2 ]; then
+            allreduced "$tag"
+        elif [ "$kind" = ours ] && grep -q "COMM_ALLREDUCE" "${LOGS[@]}"; then
+            report "NOTE $tag: b11739's client now all-reduces through $w servers: check that too"
+            failures=$((failures + 1))
+        elif [ "$kind" = ours ]; then
+            report "ok   $tag: identical to CPU-only (no server link beyond two: the client sums)"
+        else
+            report "ok   $tag: identical to CPU-only"
+        fi
+        cleanup
+    done
+done
+# the Q4_K limitation is b11739's too (same assert, its own servers)
+cp "$models/tiny-llama-q4_k.gguf" "$chroot_tmp/model.gguf"
+start_servers reference 2
+if generate "$logdir/b11739-q4_k-reference-2.ids" --rpc "$ENDPOINTS" --split tensor; then
+    report "NOTE b11739-q4_k: b11739's client now loads Q4_K with -sm tensor"
+    failures=$((failures + 1))
+elif grep -q "tensor write out of bounds" "$logdir/b11739-q4_k-reference-2.err"; then
+    report "ok   b11739-q4_k: b11739's client aborts with -sm tensor (its own servers too), as b12032+1's"
+else
+    report "FAIL b11739-q4_k: the reference run failed differently (see $logdir/b11739-q4_k-reference-2.err)"
+    failures=$((failures + 1))
+fi
+cleanup
+fi # b11739
 
 if [ "$failures" -ne 0 ]; then
     conf_log "$failures failure(s); logs in $logdir"
