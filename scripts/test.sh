@@ -47,7 +47,7 @@ bash scripts/testbed/selftest.sh
 # The comm link's faults on the test bed (tests/examples/comm_testbed.rs; root, fails
 # without): world 4 of our release servers in hosts 1-4 (--comm-timeout 5, --max-clients 1),
 # the client in host 5, 200mbit links. Rank 1's server killed (SIGKILL), then stopped
-# (SIGSTOP), half way through a 64 MiB all-reduce: every other rank's connection closes within
+# (SIGSTOP), in the middle of a 64 MiB all-reduce: every other rank's connection closes within
 # the timeout + 8 s of the fault, its server logs the comm error, its RSS falls back, a fresh
 # connection is served, and a fresh world 4 with a replacement (resumed) rank all-reduces
 # correctly. About 40 s. Then a short run of the comm benchmark (1 round, 64 MiB, worlds 2

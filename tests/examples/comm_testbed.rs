@@ -12,8 +12,9 @@
 //! started with `ip netns exec $TESTBED_NS_i`.
 //!
 //! `fault` (world 4, `--comm-timeout 5`, `--max-clients 1`, 200mbit): a healthy 64 MiB F32
-//! all-reduce first (it says where the middle of the next one is); then rank 1's server is killed (SIGKILL), or stopped (SIGSTOP, SIGCONT at the end), half way
-//! through the next one. Every other rank's connection must close within the comm timeout
+//! all-reduce first; then rank 1's server is killed (SIGKILL), or stopped (SIGSTOP, SIGCONT
+//! at the end), half a second after every server logged the start of the next one (no rank
+//! can be done by then). Every other rank's connection must close within the comm timeout
 //! plus slack of the fault (a following DEVICE_COUNT fails), its server must log why, its memory (RSS) must
 //! fall back near where it was before the group allocated, and a fresh connection must be
 //! served (with `--max-clients 1` only once the failed one is gone); then a fresh world-4
@@ -589,7 +590,7 @@ async fn fault_case(o: &Options, case: &str) -> Res<()> {
         baseline.iter().map(|b| b / MIB as u64).collect::<Vec<_>>()
     ));
 
-    // The group, and a healthy all-reduce: it says when the middle of the next one is.
+    // The group, and a healthy all-reduce.
     let mut clients = Vec::new();
     for s in &servers {
         clients.push(connect(s.addr).await?);
@@ -610,10 +611,22 @@ async fn fault_case(o: &Options, case: &str) -> Res<()> {
         }
     }
 
-    // The fault, half way through the next all-reduce.
+    // The fault, once every rank's server has begun the next all-reduce (its debug log line),
+    // plus half a second: no rank can be done by then (each link carries 50 MB of BF16, 2 s at
+    // the full 200mbit), and rank 1 has sent part of its share.
     let began = Instant::now();
     allreduce_send(&mut group).await?;
-    tokio::time::sleep(healthy / 2).await;
+    let marker = format!("COMM_ALLREDUCE device=0 elements={FAULT_ELEMENTS}");
+    wait_for(Duration::from_secs(30), || {
+        servers
+            .iter()
+            .all(|s| s.log_text().matches(&marker).count() >= 2)
+            .then_some(())
+    })
+    .ok_or(format!(
+        "{case}: not every server logged the start of the second all-reduce"
+    ))?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let victim_pid = servers[VICTIM].pid();
     match case {
         "kill" => servers[VICTIM].signal("KILL")?,
@@ -1059,7 +1072,7 @@ fn llama_bench(o: &Options) -> Res<()> {
                 "-fa",
                 "1",
             ])
-            .args(["-p", "128", "-n", "32", "-r", "3", "-t", "1", "-o", "csv"])
+            .args(["-p", "128", "-n", "32", "-r", "3", "-t", "1", "-o", "jsonl"])
             .env("GGML_RPC_NO_RDMA", "1")
             .output()
             .map_err(|e| format!("llama-bench: {e}"))?;
@@ -1071,32 +1084,18 @@ fn llama_bench(o: &Options) -> Res<()> {
                 tail(&String::from_utf8_lossy(&out.stderr), 20)
             );
         }
-        let mut lines = stdout.lines();
-        let header: Vec<String> = lines
-            .next()
-            .unwrap_or_default()
-            .split(',')
-            .map(|h| h.trim_matches('"').to_string())
-            .collect();
-        let col = |name: &str| header.iter().position(|h| h == name);
-        let (np, ng, ts, sd) = (
-            col("n_prompt"),
-            col("n_gen"),
-            col("avg_ts"),
-            col("stddev_ts"),
-        );
-        for line in lines {
-            let f: Vec<String> = line
-                .split(',')
-                .map(|x| x.trim_matches('"').to_string())
-                .collect();
-            let get = |i: Option<usize>| i.and_then(|i| f.get(i).cloned()).unwrap_or_default();
-            let test = if get(np) != "0" {
-                format!("pp{}", get(np))
+        for line in stdout.lines().filter(|l| l.trim_start().starts_with('{')) {
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| format!("llama-bench output: {e}"))?;
+            let int = |k: &str| v[k].as_u64().unwrap_or(0);
+            let test = if int("n_prompt") > 0 {
+                format!("pp{}", int("n_prompt"))
             } else {
-                format!("tg{}", get(ng))
+                format!("tg{}", int("n_gen"))
             };
-            rows.push((world, test, get(ts), get(sd)));
+            let ts = v["avg_ts"].as_f64().unwrap_or(0.0);
+            let sd = v["stddev_ts"].as_f64().unwrap_or(0.0);
+            rows.push((world, test, ts, sd));
         }
         let comm = servers
             .iter()
@@ -1120,15 +1119,12 @@ fn llama_bench(o: &Options) -> Res<()> {
         "servers", "test", "tokens/s", "stddev", "vs 1"
     );
     for (world, test, ts, sd) in &rows {
-        let one = rows
-            .iter()
-            .find(|r| r.0 == 1 && &r.1 == test)
-            .and_then(|r| r.2.parse::<f64>().ok());
-        let ratio = match (one, ts.parse::<f64>()) {
-            (Some(a), Ok(b)) if a > 0.0 => format!("{:.2}x", b / a),
+        let one = rows.iter().find(|r| r.0 == 1 && &r.1 == test).map(|r| r.2);
+        let ratio = match one {
+            Some(a) if a > 0.0 => format!("{:.2}x", ts / a),
             _ => String::new(),
         };
-        println!("{world:>8} {test:>8} {ts:>10} {sd:>8} {ratio:>8}");
+        println!("{world:>8} {test:>8} {ts:>10.1} {sd:>8.1} {ratio:>8}");
     }
     Ok(())
 }
