@@ -50,7 +50,7 @@ bash scripts/testbed/selftest.sh
 # (SIGSTOP), in the middle of a 64 MiB all-reduce: every other rank's connection closes within
 # the timeout + 8 s of the fault, its server logs the comm error, its RSS falls back, a fresh
 # connection is served, and a fresh world 4 with a replacement (resumed) rank all-reduces
-# correctly. About 40 s. Then a short run of the comm benchmark (1 round, 64 MiB, worlds 2
+# correctly. About 20 s. Then a short run of the comm benchmark (1 round, 64 MiB, worlds 2
 # and 3, our pairwise link and b12032+1's servers at world 2; asserts only that it runs; about
 # 25 s): README.md, "Tensor parallelism (COMM_INIT)".
 cargo build --release -p ggml-rpc-server
