@@ -44,6 +44,20 @@ step "multi-host test bed (network namespaces; needs root, fails without)"
 # SET/GET from the third at 50-110 % of the shaping rate, isolation of two test beds, nothing
 # left after down, a failing run, TERM/INT; about 12 s.
 bash scripts/testbed/selftest.sh
+# The comm link's faults on the test bed (tests/examples/comm_testbed.rs; root, fails
+# without): world 4 of our release servers in hosts 1-4 (--comm-timeout 5, --max-clients 1),
+# the client in host 5, 200mbit links. Rank 1's server killed (SIGKILL), then stopped
+# (SIGSTOP), in the middle of a 64 MiB all-reduce: every other rank's connection closes within
+# the timeout + 8 s of the fault, its server logs the comm error, its RSS falls back, a fresh
+# connection is served, and a fresh world 4 with a replacement (resumed) rank all-reduces
+# correctly. About 20 s. Then a short run of the comm benchmark (1 round, 64 MiB, worlds 2
+# and 3, our pairwise link and b12032+1's servers at world 2; asserts only that it runs; about
+# 25 s): README.md, "Tensor parallelism (COMM_INIT)".
+cargo build --release -p ggml-rpc-server
+cargo build --release -p ggml-rpc-tests --example comm_testbed
+comm_testbed="${CARGO_TARGET_DIR:-$root/target}/release/examples/comm_testbed"
+"$comm_testbed" fault
+"$comm_testbed" bench --rounds 1 --sizes 64 --worlds 2,3
 
 step "llama.cpp conformance: test-backend-ops through RPC, end-to-end generation, fidelity"
 # Every case of the ops a llama/qwen/gemma graph uses (and the fused whole-graph cases), and of

@@ -15,13 +15,15 @@
 //! on as soon as it is summed, so the steps overlap. Above
 //! [`BF16_WIRE_MIN_ELEMENTS`](proto_core::comm::BF16_WIRE_MIN_ELEMENTS) the wire carries bf16
 //! as the pairwise link does; the owner of a finished chunk rounds its own copy to bf16 too,
-//! so every rank ends with the same bits. Sends run on a thread of their own; every read and
-//! write is bounded by the comm timeout.
+//! so every rank ends with the same bits. Sends run on a thread of their own; every wait for a
+//! segment and every blocked write is bounded by the comm timeout, and the side that fails
+//! first shuts the other side's socket down.
 
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -37,10 +39,10 @@ const HELLO: usize = 16;
 /// Elements per segment: the unit that is passed on as soon as it is summed.
 const SEGMENT: usize = 1 << 18;
 const POLL: Duration = Duration::from_millis(5);
-/// What the receiving side sees when the sender thread gave up (its own error says why).
-const SENDER_STOPPED: CommError = CommError::InvalidState {
-    operation: "ring sender stopped",
-};
+/// Which side of an all-reduce failed first.
+const NO_FAILURE: u8 = 0;
+const RECEIVER_FAILED: u8 = 1;
+const SENDER_FAILED: u8 = 2;
 
 /// A ring of TCP connections: to the next rank and from the previous one.
 #[derive(Debug)]
@@ -50,6 +52,8 @@ pub(crate) struct Ring {
     to_next: TcpStream,
     from_prev: TcpStream,
     timeout: Duration,
+    /// The tensor of the last all-reduce, reused by the next (freed with the ring).
+    scratch: Vec<f32>,
 }
 
 impl Ring {
@@ -91,6 +95,7 @@ impl Ring {
             to_next,
             from_prev,
             timeout,
+            scratch: Vec::new(),
         })
     }
 }
@@ -102,21 +107,28 @@ impl Communicator for Ring {
         at: TensorLocation,
         elements: u64,
     ) -> Result<()> {
-        let len = usize::try_from(elements)
+        let n = usize::try_from(elements)
             .ok()
-            .and_then(|n| n.checked_mul(4))
+            .filter(|n| n.checked_mul(4).is_some())
             .ok_or(Error::SizeOverflow("all-reduce tensor"))?;
-        let mut bytes = vec![0u8; len];
-        backend.read(at, &mut bytes)?;
-        let mut values: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        self.reduce(&mut values)?;
-        for (out, value) in bytes.chunks_exact_mut(4).zip(&values) {
-            out.copy_from_slice(&value.to_le_bytes());
+        // The link's scratch: read straight into it (no second copy), and kept for the next
+        // all-reduce, whose pages are then already there (first-touch page faults of a fresh
+        // 64 MiB buffer cost more than the copy).
+        let mut values = std::mem::take(&mut self.scratch);
+        values.clear();
+        values.resize(n, 0.0);
+        backend.read(at, bytemuck::cast_slice_mut(&mut values))?;
+        for v in values.iter_mut() {
+            *v = f32::from_bits(u32::from_le(v.to_bits())); // nothing on little-endian hosts
         }
-        backend.write(at, &bytes)
+        let result = self.reduce(&mut values).and_then(|()| {
+            for v in values.iter_mut() {
+                *v = f32::from_bits(v.to_bits().to_le());
+            }
+            backend.write(at, bytemuck::cast_slice(&values))
+        });
+        self.scratch = values;
+        result
     }
 }
 
@@ -126,30 +138,50 @@ impl Ring {
         let (rank, world) = (self.rank as usize, self.world as usize);
         let format = WireFormat::select(true, values.len() as u64);
         let timeout = self.timeout;
-        let deadline = Instant::now() + timeout;
+        // The side that fails first shuts the other side's socket down, so that it stops at
+        // once instead of waiting out its own timeout (a sender blocked on a stalled next rank,
+        // a receiver waiting for bytes the failed side will never pass on); its error is the
+        // one reported.
+        let stop_sending = self.to_next.try_clone().map_err(comm)?;
+        let stop_receiving = self.from_prev.try_clone().map_err(comm)?;
+        let first_failure = AtomicU8::new(NO_FAILURE);
+        let fail = |side: u8, other: &TcpStream| {
+            if first_failure
+                .compare_exchange(NO_FAILURE, side, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let _ = other.shutdown(Shutdown::Both);
+            }
+        };
         let to_next = &mut self.to_next;
         let from_prev = &mut self.from_prev;
         std::thread::scope(|scope| {
             let (queue, outbox) = mpsc::channel::<bytes::Bytes>();
-            let sender = scope.spawn(move || -> Result<()> {
+            let sender = scope.spawn(|| -> Result<()> {
                 for data in outbox {
-                    to_next.write_all(&data).map_err(|e| io_error(e, timeout))?;
+                    if let Err(e) = to_next.write_all(&data) {
+                        fail(SENDER_FAILED, &stop_receiving);
+                        return Err(io_error(e, timeout));
+                    }
                 }
                 Ok(())
             });
-            let received = receive_side(
-                values, rank, world, format, &queue, from_prev, deadline, timeout,
-            );
+            let received = receive_side(values, rank, world, format, &queue, from_prev, timeout);
+            if received.is_err() {
+                fail(RECEIVER_FAILED, &stop_sending);
+            }
             drop(queue);
             let sent = sender
                 .join()
                 .unwrap_or(Err(Error::Comm(CommError::InvalidState {
                     operation: "ring sender thread panicked",
                 })));
-            match (received, sent) {
-                // The sender stopped on a failed write: that write's error is the reason.
-                (Err(Error::Comm(SENDER_STOPPED)), Err(write)) => Err(write),
-                (received, sent) => received.and(sent),
+            if first_failure.load(Ordering::SeqCst) == SENDER_FAILED {
+                sent.and(received)
+            } else {
+                // A receive error explains a failed send (the queue closed, or the socket was
+                // shut down), not the other way round.
+                received.and(sent)
             }
         })
     }
@@ -158,8 +190,10 @@ impl Ring {
 /// What the receiving side does with one received segment: its values here and the wire bytes.
 type OnSegment<'a> = dyn FnMut(&mut [f32], &[u8]) -> Result<()> + 'a;
 
-/// The receiving half of one all-reduce; queues every segment the sender passes on.
-#[allow(clippy::too_many_arguments)]
+/// The receiving half of one all-reduce; queues every segment the sender passes on. Each
+/// segment must arrive within the comm timeout of the wait for it (a stalled or vanished
+/// neighbour fails the all-reduce after at most that long; a large all-reduce on a slow link
+/// that keeps moving does not).
 fn receive_side(
     values: &mut [f32],
     rank: usize,
@@ -167,10 +201,13 @@ fn receive_side(
     format: WireFormat,
     queue: &mpsc::Sender<bytes::Bytes>,
     from_prev: &mut TcpStream,
-    deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
-    let send = |data: bytes::Bytes| queue.send(data).map_err(|_| Error::Comm(SENDER_STOPPED));
+    let send = |data: bytes::Bytes| {
+        queue
+            .send(data)
+            .map_err(|_| Error::Comm(CommError::ConnectionClosed { peer: None }))
+    };
     let n = values.len();
     let mut wire = Vec::new();
     // Reads chunk `c` segment by segment from the previous rank and hands each to `f`.
@@ -178,7 +215,7 @@ fn receive_side(
         for segment in segments(chunk(n, world, c)) {
             let part = &mut values[segment];
             let len = part.len() * format.element_size();
-            read_wire(from_prev, &mut wire, len, deadline, timeout)?;
+            read_wire(from_prev, &mut wire, len, Instant::now() + timeout, timeout)?;
             f(part, &wire)?;
         }
         Ok(())
