@@ -63,7 +63,6 @@ impl CommLink {
     pub fn allreduce(&mut self, local: Vec<f32>) -> Result<Vec<f32>, CommError> {
         let format = WireFormat::select(true, local.len() as u64);
         let mut machine = PairwiseAllReduce::new(self.rank, local, format)?;
-        let deadline = Instant::now() + self.timeout;
         loop {
             while let Some(transmit) = machine.poll_transmit() {
                 io::write(&mut self.stream, &transmit, self.timeout)?;
@@ -71,6 +70,9 @@ impl CommLink {
             if machine.is_done() {
                 break;
             }
+            // Each wait is bounded, not the whole exchange: a large tensor on a slow link that
+            // keeps moving may take longer than the timeout.
+            let deadline = Instant::now() + self.timeout;
             let data = io::read_up_to(&mut self.stream, machine.wanted(), deadline, self.timeout)?;
             if data.is_empty() {
                 machine.handle_close()?;
