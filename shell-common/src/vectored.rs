@@ -278,6 +278,21 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_queue_takes_more_and_counts_what_is_left() {
+        let mut queue = SendQueue::new();
+        for round in 0..3 {
+            queue.extend([pattern(round, 5), Bytes::new(), pattern(round + 1, 7)]);
+            assert_eq!(queue.remaining(), 12);
+            let (received, _) = drain(queue.clone(), MAX_IO_SLICES, 4);
+            assert!(received == concat(&[pattern(round, 5), pattern(round + 1, 7)]));
+            queue.advance(6);
+            assert_eq!(queue.remaining(), 6);
+            queue.written(6).unwrap();
+            assert!(queue.is_empty() && queue.remaining() == 0);
+        }
+    }
+
+    #[test]
     fn a_write_that_takes_nothing_is_an_error_only_while_bytes_wait() {
         let mut queue = SendQueue::from(vec![Bytes::from_static(b"abc")]);
         let error = queue.written(0).unwrap_err();
