@@ -35,9 +35,14 @@ use crate::direct::SEND_PIECE;
 pub const MAX_IO_SLICES: usize = 64;
 
 /// Buffers waiting to be written, in order; empty buffers are dropped as they come in.
+///
+/// A queue drained by writes keeps its allocation: a shell that keeps one per connection and
+/// [`extend`](Extend::extend)s it with each batch of transmits allocates nothing per response.
 #[derive(Debug, Clone, Default)]
 pub struct SendQueue {
     buffers: VecDeque<Bytes>,
+    /// The bytes still to write (the sum of `buffers`' lengths).
+    len: usize,
 }
 
 impl SendQueue {
@@ -49,6 +54,7 @@ impl SendQueue {
     /// Queues `bytes` after everything queued so far (nothing, when it is empty).
     pub fn push(&mut self, bytes: Bytes) {
         if !bytes.is_empty() {
+            self.len += bytes.len();
             self.buffers.push_back(bytes);
         }
     }
@@ -66,23 +72,17 @@ impl SendQueue {
 
     /// The bytes still to write.
     pub fn remaining(&self) -> usize {
-        self.buffers.iter().map(Bytes::len).sum()
+        self.len
     }
 
     /// What the next write call offers: the queue's front, in order, in at most `max_slices`
     /// slices and at most [`SEND_PIECE`] bytes (the last slice may end inside a buffer).
-    /// Empty only when the queue is, or when `max_slices` is 0.
+    /// Empty only when the queue is, or when `max_slices` is 0. ([`Buf::chunks_vectored`]
+    /// fills a caller's array with the same slices.)
     pub fn io_slices(&self, max_slices: usize) -> Vec<IoSlice<'_>> {
-        let mut budget = SEND_PIECE;
-        let mut slices = Vec::with_capacity(max_slices.min(self.buffers.len()));
-        for buffer in self.buffers.iter().take(max_slices) {
-            if budget == 0 {
-                break;
-            }
-            let take = buffer.len().min(budget);
-            slices.push(IoSlice::new(&buffer[..take]));
-            budget -= take;
-        }
+        let mut slices = vec![IoSlice::new(&[]); max_slices.min(self.buffers.len())];
+        let count = self.chunks_vectored(&mut slices);
+        slices.truncate(count);
         slices
     }
 
@@ -98,9 +98,11 @@ impl SendQueue {
             };
             if written < front.len() {
                 front.advance(written);
+                self.len -= written;
                 return;
             }
             written -= front.len();
+            self.len -= front.len();
             self.buffers.pop_front();
         }
     }
@@ -137,10 +139,16 @@ impl Buf for SendQueue {
     }
 
     fn chunks_vectored<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
-        let slices = self.io_slices(dst.len());
-        let count = slices.len();
-        for (slot, slice) in dst.iter_mut().zip(slices) {
-            *slot = slice;
+        let mut budget = SEND_PIECE;
+        let mut count = 0;
+        for (slot, buffer) in dst.iter_mut().zip(&self.buffers) {
+            if budget == 0 {
+                break;
+            }
+            let take = buffer.len().min(budget);
+            *slot = IoSlice::new(buffer.get(..take).unwrap_or_default());
+            budget -= take;
+            count += 1;
         }
         count
     }
@@ -155,10 +163,16 @@ impl From<Vec<Bytes>> for SendQueue {
 impl FromIterator<Bytes> for SendQueue {
     fn from_iter<I: IntoIterator<Item = Bytes>>(iter: I) -> SendQueue {
         let mut queue = SendQueue::new();
-        for bytes in iter {
-            queue.push(bytes);
-        }
+        queue.extend(iter);
         queue
+    }
+}
+
+impl Extend<Bytes> for SendQueue {
+    fn extend<I: IntoIterator<Item = Bytes>>(&mut self, iter: I) {
+        for bytes in iter {
+            self.push(bytes);
+        }
     }
 }
 
@@ -261,6 +275,21 @@ mod tests {
         let slices = queue.io_slices(MAX_IO_SLICES);
         assert_eq!(slices.len(), 1);
         assert_eq!(&*slices[0], b"c");
+    }
+
+    #[test]
+    fn a_drained_queue_takes_more_and_counts_what_is_left() {
+        let mut queue = SendQueue::new();
+        for round in 0..3 {
+            queue.extend([pattern(round, 5), Bytes::new(), pattern(round + 1, 7)]);
+            assert_eq!(queue.remaining(), 12);
+            let (received, _) = drain(queue.clone(), MAX_IO_SLICES, 4);
+            assert!(received == concat(&[pattern(round, 5), pattern(round + 1, 7)]));
+            queue.advance(6);
+            assert_eq!(queue.remaining(), 6);
+            queue.written(6).unwrap();
+            assert!(queue.is_empty() && queue.remaining() == 0);
+        }
     }
 
     #[test]

@@ -15,12 +15,12 @@
 //!   comm links, one box) moves there for the call and comes back, so the executor threads keep serving
 //!   the other connections.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 
 use async_io::{Async, Timer};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, Connection, Place, Receive};
@@ -152,6 +152,7 @@ async fn serve_client(
     stop: &async_channel::Receiver<()>,
 ) -> Result<Closed, ConnectionError> {
     let mut scratch = vec![0u8; READ_SIZE];
+    let mut queue = SendQueue::new();
     loop {
         let action = match driver.next_action().await {
             Ok(action) => action,
@@ -160,7 +161,7 @@ async fn serve_client(
                 let conn = driver.conn();
                 let _ = futures_lite::future::or(
                     async {
-                        let _ = flush(stream, conn).await;
+                        let _ = flush(stream, conn, &mut queue).await;
                     },
                     async {
                         Timer::after(FINAL_FLUSH_TIMEOUT).await;
@@ -172,7 +173,7 @@ async fn serve_client(
         };
         let conn = driver.conn();
         match action {
-            Action::Transmit => flush(stream, conn).await?,
+            Action::Transmit => flush(stream, conn, &mut queue).await?,
             Action::SendInPlace => send_direct(stream, conn).await?,
             Action::Receive(Receive::Stream {
                 remaining,
@@ -280,13 +281,18 @@ async fn read_chunk(stream: &mut Async<TcpStream>, want: usize) -> io::Result<(B
 }
 
 /// Writes out everything the connection queued, with vectored writes straight from its `Bytes`
-/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]).
-async fn flush(stream: &mut Async<TcpStream>, conn: &mut Connection) -> io::Result<()> {
-    let mut queue: SendQueue = std::iter::from_fn(|| conn.poll_transmit()).collect();
+/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]), through
+/// the connection's `queue` (empty, kept for its allocation).
+async fn flush(
+    stream: &mut Async<TcpStream>,
+    conn: &mut Connection,
+    queue: &mut SendQueue,
+) -> io::Result<()> {
+    queue.extend(std::iter::from_fn(|| conn.poll_transmit()));
     while !queue.is_empty() {
-        let written = stream
-            .write_vectored(&queue.io_slices(MAX_IO_SLICES))
-            .await?;
+        let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
+        let count = queue.chunks_vectored(&mut slices);
+        let written = stream.write_vectored(&slices[..count]).await?;
         queue.written(written)?;
     }
     Ok(())

@@ -167,18 +167,20 @@ where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
     let mut read_buf = BytesMut::new();
+    let mut queue = SendQueue::new();
     loop {
         let action = match next_action(conn, links, blocking) {
             Ok(action) => action,
             Err(error) => {
                 // Responses owed to earlier requests of the same read still go out, as they
                 // would from the reference, which answers each command before reading the next.
-                let _ = tokio::time::timeout(FINAL_FLUSH_TIMEOUT, flush(stream, conn)).await;
+                let flushed = flush(stream, conn, &mut queue);
+                let _ = tokio::time::timeout(FINAL_FLUSH_TIMEOUT, flushed).await;
                 return Err(error.into());
             }
         };
         match action {
-            Action::Transmit => flush(stream, conn).await?,
+            Action::Transmit => flush(stream, conn, &mut queue).await?,
             Action::SendInPlace => match stream.socket() {
                 Some(socket) => send_direct(socket, conn).await?,
                 None => conn.set_direct_io(false),
@@ -282,9 +284,14 @@ async fn read_chunk<S: AsyncRead + Unpin>(
 }
 
 /// Writes out everything the connection queued, with vectored writes straight from its `Bytes`
-/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]).
-async fn flush<S: AsyncWrite + Unpin>(stream: &mut S, conn: &mut Connection) -> io::Result<()> {
-    let mut queue: SendQueue = std::iter::from_fn(|| conn.poll_transmit()).collect();
-    stream.write_all_buf(&mut queue).await?;
+/// (each offering at most one [`SEND_PIECE`](direct::SEND_PIECE): see [`SendQueue`]), through
+/// the connection's `queue` (empty, kept for its allocation).
+async fn flush<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    conn: &mut Connection,
+    queue: &mut SendQueue,
+) -> io::Result<()> {
+    queue.extend(std::iter::from_fn(|| conn.poll_transmit()));
+    stream.write_all_buf(queue).await?;
     stream.flush().await
 }
