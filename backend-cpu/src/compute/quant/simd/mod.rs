@@ -31,8 +31,8 @@
 //! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
 //! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
 //! FMA). With one activation row (generation: the output projection streams several MB of
-//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead (F32:
-//! one row, 8 KiB). Its results (per weight row, one per activation row) become destination
+//! weights) it takes one weight row after the other, without software prefetch (one
+//! sequential stream, which the hardware prefetcher follows best). Its results (per weight row, one per activation row) become destination
 //! rows through `vpermt2ps`, sixteen weight rows at a time (`columns_to_rows3_zmm`). The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
