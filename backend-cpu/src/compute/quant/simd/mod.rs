@@ -486,6 +486,26 @@ pub(super) fn dot_float_rows_fast(n: usize) -> bool {
     }
 }
 
+/// `quant::with_fma`: `body` in a function built with AVX2 and FMA (the closure, called once,
+/// is inlined into it and compiled with those features), where [`avx2::has_avx2`] holds.
+#[inline(always)]
+pub(super) fn with_fma(body: impl FnOnce()) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::has_avx2() {
+        /// # Safety
+        /// The CPU must have AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run(body: impl FnOnce()) {
+            body()
+        }
+        // SAFETY: `has_avx2` checked AVX2, FMA and F16C.
+        unsafe { run(body) };
+        return true;
+    }
+    let _ = body;
+    false
+}
+
 /// [`tiles::dot_float_rows`] after its checks (every row of `w` `kind.bytes()` times as many
 /// bytes as each row of `y` has values, `out` as long as `w`): the AVX-512 kernels where
 /// [`dot_float_rows_fast`] holds, else the portable `vec_dot` per pair (the same bits).
