@@ -664,9 +664,14 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
     scratch.out.resize(N * width, 0.0);
     scratch.group.resize(N * width, 0.0);
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
-    // the kernel on widened weights, and the matrix whose tile `scratch.tile` holds widened
+    // the kernel on widened weights, and the matrix whose tile `tile` holds widened (a
+    // buffer kept by the thread from node to node: no allocation and zero fill per node)
     let wide_kernel = kernel.widened();
     let mut widened: Option<(usize, usize)> = None;
+    let mut tile = match wide_kernel {
+        Some(_) => WIDENED_TILE.take(),
+        None => Vec::new(),
+    };
     let k = weights.k;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
@@ -692,15 +697,15 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
         let same = shares(N);
         // widened once where at least two groups of activation rows pass over the tile
         if wide_kernel.is_some() && widened != Some(matrix) && shares(WIDEN_MIN_ROWS) {
-            scratch.tile.resize(width * k, 0.0);
-            for (i, out) in scratch.tile.chunks_exact_mut(k).enumerate() {
+            tile.resize(width * k, 0.0);
+            for (i, out) in tile[..width * k].chunks_exact_mut(k).enumerate() {
                 quant::dequantize_row(ty::F16, rows.row(i), out)?;
             }
             widened = Some(matrix);
         }
         let wide = match &wide_kernel {
             Some(wide) if widened == Some(matrix) => {
-                let bytes = bytemuck::cast_slice::<f32, u8>(&scratch.tile[..width * k]);
+                let bytes = bytemuck::cast_slice::<f32, u8>(&tile[..width * k]);
                 Some((wide, quant::StridedRows::new(bytes, 4 * k, 4 * k, width)?))
             }
             _ => None,
@@ -739,7 +744,17 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
         }
         r += n;
     }
+    if wide_kernel.is_some() {
+        WIDENED_TILE.set(tile);
+    }
     Ok(())
+}
+
+thread_local! {
+    /// [`grouped_part`]'s widened F16 tile, kept by each thread that runs MUL_MAT parts from
+    /// one node to the next (f32 tiles of at most about twice [`TILE_KERNEL_BYTES`] for rows
+    /// of up to 64 Ki values).
+    static WIDENED_TILE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
