@@ -36,7 +36,7 @@
 //! Q8_0 kernels), all again with the bits of `quant::vec_dot`. A tile of F16 weights that six
 //! activation rows or more pass over is widened to f32 once and goes through the F32 kernel
 //! (the same bits: only the loads differ), rather than every group of three converting it
-//! again (256 x 256 weights by 64 rows: 145 -> 127 us; ggml-cpu's tinyBLAS 112 us).
+//! again (256 x 256 weights by 64 rows: 145 -> 123 us; ggml-cpu's tinyBLAS 112 us).
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
