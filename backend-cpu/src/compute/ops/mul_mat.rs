@@ -33,7 +33,10 @@
 //! tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
 //! for eight activation rows, sixteen with AVX-512 VNNI, in the wider tiles of the Q4_0 /
-//! Q8_0 kernels), all again with the bits of `quant::vec_dot`.
+//! Q8_0 kernels), all again with the bits of `quant::vec_dot`. A tile of F16 weights that six
+//! activation rows or more pass over is widened to f32 once and goes through the F32 kernel
+//! (the same bits: only the loads differ), rather than every group of three converting it
+//! again (256 x 256 weights by 64 rows: 145 -> 123 us; ggml-cpu's tinyBLAS 112 us).
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -69,6 +72,11 @@ const KERNEL_ROWS: usize = 3;
 /// the other, so they cost no registers). With AVX-512 VNNI 16 instead
 /// (`quant::dot_q4_k_rows_wide`: one activation row per i32 lane).
 const Q4K_ROWS: usize = 8;
+
+/// Activation rows that must share a weight matrix before [`grouped_part`] widens a tile of
+/// F16 weights to f32 once for them (see [`GroupKernel::widened`]): two groups of the float
+/// kernel, below which converting the tile costs about what it saves.
+const WIDEN_MIN_ROWS: usize = 2 * KERNEL_ROWS;
 
 /// The activations, converted once per node.
 enum Prepared {
@@ -572,13 +580,22 @@ impl RowKernel {
 
 /// A kernel of [`grouped_part`]: `out[n][j]` = weight row `n` of `w` times activation row
 /// `y[j]`, for `RN` activation rows of type `Y` at a time.
-trait GroupKernel<Y> {
+trait GroupKernel<Y>: Sized {
     fn run<const RN: usize>(
         &self,
         w: quant::StridedRows<'_>,
         y: &[Y; RN],
         out: &mut [[f32; RN]],
     ) -> Result<()>;
+
+    /// The kernel to run on a tile of these weights widened to f32 (`k` values a row), where
+    /// [`grouped_part`] widens a tile once for its activation rows rather than have every
+    /// group convert it again: F16 weights, whose kernel widens each weight vector in the
+    /// loop (the F32 kernel on the exact widenings gives the same bits: only the loads
+    /// differ). None for the rest.
+    fn widened(&self) -> Option<Self> {
+        None
+    }
 }
 
 /// The Q4_0 / Q8_0 tile kernels on the rows of `quant::Q8Rows`.
@@ -616,6 +633,15 @@ impl<'y> GroupKernel<&'y [u8]> for RowKernel {
             RowKernel::Q4K => quant::dot_q4_k_rows(w, y, out),
         }
     }
+
+    fn widened(&self) -> Option<RowKernel> {
+        match self {
+            RowKernel::Float(quant::FloatRows::F16) => {
+                Some(RowKernel::Float(quant::FloatRows::F32))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A MUL_MAT tile with a [`GroupKernel`] (the Q4_0 / Q8_0 tile kernels, three activation
@@ -638,6 +664,15 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
     scratch.out.resize(N * width, 0.0);
     scratch.group.resize(N * width, 0.0);
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
+    // the kernel on widened weights, and the matrix whose tile `tile` holds widened (a
+    // buffer kept by the thread from node to node: no allocation and zero fill per node)
+    let wide_kernel = kernel.widened();
+    let mut widened: Option<(usize, usize)> = None;
+    let mut tile = match wide_kernel {
+        Some(_) => WIDENED_TILE.take(),
+        None => Vec::new(),
+    };
+    let k = weights.k;
     let dst_rows = part.rows();
     let mut r = dst_rows.start;
     while r < dst_rows.end {
@@ -651,24 +686,48 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
                 rows
             }
         };
-        let same = (0..N).all(|n| {
-            r + n < dst_rows.end && {
-                let [_, j2, j3] = layout.row_index(r + n);
-                (j2 / r2, j3 / r3) == matrix
+        let shares = |count: usize| {
+            (0..count).all(|n| {
+                r + n < dst_rows.end && {
+                    let [_, j2, j3] = layout.row_index(r + n);
+                    (j2 / r2, j3 / r3) == matrix
+                }
+            })
+        };
+        let same = shares(N);
+        // widened once where at least two groups of activation rows pass over the tile
+        if wide_kernel.is_some() && widened != Some(matrix) && shares(WIDEN_MIN_ROWS) {
+            tile.resize(width * k, 0.0);
+            for (i, out) in tile[..width * k].chunks_exact_mut(k).enumerate() {
+                quant::dequantize_row(ty::F16, rows.row(i), out)?;
             }
-        });
+            widened = Some(matrix);
+        }
+        let wide = match &wide_kernel {
+            Some(wide) if widened == Some(matrix) => {
+                let bytes = bytemuck::cast_slice::<f32, u8>(&tile[..width * k]);
+                Some((wide, quant::StridedRows::new(bytes, 4 * k, 4 * k, width)?))
+            }
+            _ => None,
+        };
         let n = if same {
             let mut y = [activation(r)?; N];
             for (j, y) in y.iter_mut().enumerate().skip(1) {
                 *y = activation(r + j)?;
             }
             let (outn, _) = scratch.group[..N * width].as_chunks_mut::<N>();
-            kernel.run(rows, &y, outn)?;
+            match wide {
+                Some((wide, tile)) => wide.run(tile, &y, outn)?,
+                None => kernel.run(rows, &y, outn)?,
+            }
             quant::columns_to_rows(outn, &mut scratch.out);
             N
         } else {
             let (out1, _) = scratch.group[..width].as_chunks_mut::<1>();
-            kernel.run(rows, &[activation(r)?], out1)?;
+            match wide {
+                Some((wide, tile)) => wide.run(tile, &[activation(r)?], out1)?,
+                None => kernel.run(rows, &[activation(r)?], out1)?,
+            }
             quant::columns_to_rows(out1, &mut scratch.out);
             1
         };
@@ -685,7 +744,17 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
         }
         r += n;
     }
+    if wide_kernel.is_some() {
+        WIDENED_TILE.set(tile);
+    }
     Ok(())
+}
+
+thread_local! {
+    /// [`grouped_part`]'s widened F16 tile, kept by each thread that runs MUL_MAT parts from
+    /// one node to the next (f32 tiles of at most about twice [`TILE_KERNEL_BYTES`] for rows
+    /// of up to 64 Ki values).
+    static WIDENED_TILE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {

@@ -92,6 +92,15 @@ pub fn exp_in_place(v: &mut [f32]) {
     simd::exp_in_place(v);
 }
 
+/// Runs `body` inside a function compiled for AVX2 + FMA where the CPU has them, so that the
+/// `f32::mul_add` of a loop inlined into it is one `vfmadd` (a portable `mul_add` is a
+/// library call per element); returns false without running it where the CPU lacks them.
+/// For loops that want ggml's fused multiply-adds (ROPE's rotation) without intrinsics.
+#[inline(always)]
+pub fn with_fma(body: impl FnOnce()) -> bool {
+    simd::with_fma(body)
+}
+
 /// The maximum of `w` as ggml's in-order `MAX` scan finds it (same bits, NaNs included),
 /// vectorized where the row has no NaN.
 pub fn row_max(w: &[f32]) -> f32 {

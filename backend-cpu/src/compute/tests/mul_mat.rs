@@ -324,3 +324,51 @@ fn mul_mat_id_routes_tokens_to_experts() {
     g.node(Op::MUL_MAT_ID, ty::F32, [4, 1, 1, 1], &[wt, xt, it], &[]);
     assert_eq!(g.run(1).unwrap_err().kind(), ErrorKind::OutOfBounds);
 }
+
+#[test]
+fn mul_mat_float_weights_give_the_bits_of_vec_dot_per_output() {
+    // F16 and F32 weights with many activation rows per weight matrix (the F16 tiles are
+    // widened to f32 once for them), with few (one group, then single rows), broadcast over
+    // dim 2, on one and several threads: every output is `quant::vec_dot` of its weight row
+    // with its activation row in the vec_dot_type, to the bit.
+    let mut rng = Rng::new(77);
+    for w_type in [ty::F16, ty::F32] {
+        for (k, m, n) in [(256, 37, 20), (64, 256, 7), (96, 5, 3), (32, 70, 1)] {
+            let (w2, x2) = (2, 4);
+            let w = rng.values(k * m * w2, 1.0);
+            let x = rng.values(k * n * x2, 1.0);
+            let w_bytes = encode_values(w_type, &w);
+            let mut g = G::new();
+            let wt = g.input_bytes(w_type, [k, m, w2, 1], &w_bytes);
+            let xt = g.input(ty::F32, [k, n, x2, 1], &x);
+            let mm = g.node(Op::MUL_MAT, ty::F32, [m, n, x2, 1], &[wt, xt], &[]);
+            let vdt = quant::vec_dot_type(w_type).unwrap();
+            let (_, size) = type_size(w_type);
+            let xq: Vec<Vec<u8>> = x
+                .chunks(k)
+                .map(|row| {
+                    let mut q = vec![0u8; k * size];
+                    quant::quantize_row(vdt, row, &mut q).unwrap();
+                    q
+                })
+                .collect();
+            let want: Vec<u32> = all([m, n, x2, 1])
+                .map(|[i0, i1, i2, _]| {
+                    let wr = (i2 / 2) * m + i0;
+                    let row = &w_bytes[wr * k * size..(wr + 1) * k * size];
+                    quant::vec_dot(w_type, k, row, &xq[i2 * n + i1])
+                        .unwrap()
+                        .to_bits()
+                })
+                .collect();
+            for threads in [1, 3] {
+                let out = g.run(threads).unwrap();
+                let got: Vec<u32> = g.read(&out, mm).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    got, want,
+                    "type {w_type} k {k} m {m} n {n} threads {threads}"
+                );
+            }
+        }
+    }
+}

@@ -103,33 +103,24 @@ pub(super) unsafe fn columns_to_rows3_zmm(group: &[f32], out: &mut [f32]) -> usi
 }
 
 /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).
-const ROW1_GROUP: usize = 3;
+///
+/// One row at a time, with no software prefetch, as ggml's `ggml_vec_dot_f16` streams the
+/// output projection: the hardware prefetcher follows one sequential stream best. Measured
+/// with a timing loop over `bench::dot_float_row1_variant` on a 32000 x 256 F16 matrix on huge pages (Zen 4 VM shared
+/// with other tenants, medians of 60 passes, us, warm / after evicting the caches with 64 MB
+/// of other writes): one row, no prefetch, 566-609 / 692-765; one row 1-8 KiB ahead 524-752
+/// / 836-1098; three rows 16 KiB ahead (the former choice, tuned when the matrix stayed in
+/// L3) 1706-1965 / 1990-2031; two to four rows without prefetch 2100-7000 (several
+/// interleaved streams defeat the hardware prefetcher). ggml's own MUL_MAT of that shape
+/// took about the same as one row without prefetch. Under llama-bench the matrix rarely
+/// stays in L3 between tokens (the layers and the network pass in between, and the L3 is
+/// shared), so the cold figures are the ones that count. F32 weights (32 MB) the same: one
+/// row without prefetch 1358-1828 us, 8 KiB ahead 1247-4559.
+const ROW1_GROUP: usize = 1;
 
 /// Bytes ahead of the current weight rows that the one-activation-row float loop
-/// prefetches. Measured with the `row1_throughput` test, now the `float_row1` group of
-/// `benches/tiles.rs` (a 32000 x 256 matrix,
-/// 16 MB in F16, which stays in L3, 32 MB in F32, which does not; Zen 4 VM, best of 40;
-/// the test now prints the median, on normal F32 values), in us per pass, F16 / F32:
-/// without prefetch, two rows per group, 309 / 1439; three
-/// rows, 16 KiB ahead, 220 / 650; two rows 8 KiB ahead 215 / 725, 16 KiB 230 / 700,
-/// 32 KiB 285 / 850; four rows 16 KiB 250 / 950; one row 16 KiB 277 / 850. Prefetching
-/// into L2 only (T1) or non-temporally (NTA) was slower or the same. In llama-bench tg32
-/// on the tiny F16 model, server CPU time without prefetch 1.8x that with it.
-const ROW1_PREFETCH: usize = 16384;
-
-/// [`ROW1_GROUP`] for F32 weights. The F32 figures above came from random bit patterns
-/// (subnormals and NaNs among them), the best pass, and weights 16 bytes off a cache line
-/// (as the buffers then were): every 64-byte load straddled two lines. On 64-byte aligned
-/// normal values (COLD, median), one row 8 KiB ahead takes 876-944 us, one row 4 KiB
-/// ahead 901-961, two rows 8 KiB ahead 950-1056, three rows 16 KiB ahead 1209-1317.
-/// Under llama-bench (tiny F32 model, tg32, server and client pinned apart), perf samples
-/// in this loop: one row 2219-2361, two rows 2557-2776, the reference's
-/// `ggml_vec_dot_f32` 2201-2358. (F16 keeps three rows: there two rows took 7 % and one
-/// row 35 % more samples.)
-const ROW1_GROUP_F32: usize = 1;
-
-/// [`ROW1_PREFETCH`] for F32 weights (see [`ROW1_GROUP_F32`]).
-const ROW1_PREFETCH_F32: usize = 8192;
+/// prefetches (0: none; see [`ROW1_GROUP`]).
+const ROW1_PREFETCH: usize = 0;
 
 /// Half `h` (values `16 h .. 16 h + 16`) of step `s` (32 values) of a float weight row
 /// at `w` (F16 if `F16`, else F32), widened to f32.
@@ -294,11 +285,7 @@ pub(super) unsafe fn dot_float_rows_zmm<const RN: usize, const F16: bool>(
         // SAFETY: the caller's guarantees.
         unsafe {
             let (y, o) = (yp[0], out.as_flattened_mut());
-            if F16 {
-                dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(w, y, steps, o)
-            } else {
-                dot_float_row1_zmm::<F16, ROW1_GROUP_F32, ROW1_PREFETCH_F32>(w, y, steps, o)
-            }
+            dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(w, y, steps, o)
         };
         return;
     }

@@ -31,8 +31,8 @@
 //! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
 //! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
 //! FMA). With one activation row (generation: the output projection streams several MB of
-//! weights) it takes three consecutive weight rows at a time, prefetched 16 KiB ahead (F32:
-//! one row, 8 KiB). Its results (per weight row, one per activation row) become destination
+//! weights) it takes one weight row after the other, without software prefetch (one
+//! sequential stream, which the hardware prefetcher follows best). Its results (per weight row, one per activation row) become destination
 //! rows through `vpermt2ps`, sixteen weight rows at a time (`columns_to_rows3_zmm`). The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
@@ -484,6 +484,26 @@ pub(super) fn dot_float_rows_fast(n: usize) -> bool {
         let _ = n;
         false
     }
+}
+
+/// `quant::with_fma`: `body` in a function built with AVX2 and FMA (the closure, called once,
+/// is inlined into it and compiled with those features), where [`avx2::has_avx2`] holds.
+#[inline(always)]
+pub(super) fn with_fma(body: impl FnOnce()) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::has_avx2() {
+        /// # Safety
+        /// The CPU must have AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run(body: impl FnOnce()) {
+            body()
+        }
+        // SAFETY: `has_avx2` checked AVX2, FMA and F16C.
+        unsafe { run(body) };
+        return true;
+    }
+    let _ = body;
+    false
 }
 
 /// [`tiles::dot_float_rows`] after its checks (every row of `w` `kind.bytes()` times as many

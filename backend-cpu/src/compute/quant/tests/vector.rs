@@ -94,3 +94,30 @@ fn columns_to_rows_transposes_the_kernel_results() {
     check::<4>();
     check::<16>();
 }
+
+/// A `mul_add` loop run through `with_fma` (one `vfmadd` per element where the CPU has FMA)
+/// gives the bits of the library `mul_add`, including where the fused result differs from
+/// the separately rounded one (ROPE's rotation relies on it).
+#[test]
+fn with_fma_gives_the_bits_of_mul_add() {
+    let n = 1000;
+    let v = |i: usize, s: f32| ((i as f32 * s).sin() * 3.0, (i as f32 * s * 1.3).cos());
+    let (a, b): (Vec<f32>, Vec<f32>) = (0..n).map(|i| v(i, 0.37)).unzip();
+    let c: Vec<f32> = (0..n).map(|i| -(a[i] * b[(i + 7) % n])).collect();
+    let want: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
+    let mut got = vec![0u32; n];
+    let mut body = || {
+        for (g, ((a, b), c)) in got.iter_mut().zip(a.iter().zip(&b).zip(&c)) {
+            *g = a.mul_add(*b, *c).to_bits();
+        }
+    };
+    if !with_fma(&mut body) {
+        body();
+    }
+    assert_eq!(got, want);
+    let unfused = (0..n).filter(|&i| (a[i] * b[i] + c[i]).to_bits() != want[i]);
+    assert!(
+        unfused.count() > 0,
+        "some fused results differ from the rounded ones"
+    );
+}
