@@ -92,6 +92,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
     config.comm_link = args.comm_link;
     config.comm_timeout = std::time::Duration::from_secs(args.comm_timeout);
+    config.remote_copy = !args.no_extensions;
+    config.peers = shell_common::PeerAllowList::resolve(&args.peers)
+        .context("cannot resolve a --peer address")?;
     // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
     config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
 

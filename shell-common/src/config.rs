@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proto_core::backend::Backend;
 use proto_core::comm::LinkVariant;
-use proto_core::dispatch::DispatcherConfig;
+use proto_core::dispatch::{DispatcherConfig, TicketBoard};
 use proto_core::driver::Connection;
 use proto_core::graph::GraphLimits;
 use proto_core::session::ServerSessionConfig;
@@ -14,6 +14,7 @@ use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
 use crate::comm_link::{CommLinks, CommSettings};
+use crate::remote_copy::PeerAllowList;
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 64;
@@ -56,6 +57,11 @@ pub struct ServerConfig {
     /// How long a shutdown waits for open connections to finish their current command before
     /// they are dropped.
     pub shutdown_grace: Duration,
+    /// Whether to offer our remote-copy extension (HELLO flags bit 7, EXTENSIONS; default on:
+    /// as a destination it needs nothing else, as a source it needs [`peers`](Self::peers)).
+    pub remote_copy: bool,
+    /// Where REMOTE_COPY_TENSOR may push to (`--peer HOST:PORT`; default none: refused).
+    pub peers: PeerAllowList,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -71,6 +77,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("comm_link", &self.comm_link)
             .field("backend_communicator", &self.backend_communicator)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("remote_copy", &self.remote_copy)
+            .field("peers", &self.peers)
             .finish()
     }
 }
@@ -92,6 +100,8 @@ impl ServerConfig {
             comm_link: LinkVariant::Ranked,
             backend_communicator: true,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            remote_copy: true,
+            peers: PeerAllowList::none(),
         }
     }
 
@@ -111,6 +121,8 @@ impl ServerConfig {
         dispatcher.memory_quota = self.memory_quota;
         dispatcher.graph_limits = self.graph_limits;
         dispatcher.tensor_cache = self.tensor_cache.clone();
+        // One ticket board per server: every connection of it shares this config.
+        dispatcher.remote_copy = self.remote_copy.then(|| Arc::new(TicketBoard::new()));
         Ok(ConnectionConfig {
             session,
             dispatcher,
@@ -118,6 +130,7 @@ impl ServerConfig {
                 variant: self.link_variant(),
                 backend_communicator: self.backend_communicator,
                 timeout: self.comm_timeout,
+                peers: Arc::new(self.peers.clone()),
             },
         })
     }
@@ -156,7 +169,7 @@ impl ConnectionConfig {
 
     /// The comm state of a new connection.
     pub fn comm_links(&self) -> CommLinks {
-        CommLinks::new(self.comm)
+        CommLinks::new(self.comm.clone())
     }
 }
 

@@ -98,6 +98,10 @@ impl ServerHarness {
                     self.conn.comm_init_done(request.device, false)?
                 }
                 Action::Comm(CommWork::Free { .. }) | Action::Offload => {}
+                // No second server: the peer cannot be reached.
+                Action::Comm(CommWork::RemoteCopy(_)) => self
+                    .conn
+                    .remote_copy_done(proto_core::wire::RemoteCopyStatus::PeerUnreachable)?,
                 Action::Comm(CommWork::Allreduce { .. }) | Action::SendInPlace => {
                     return Err(Error::InvalidState("the harness has no sockets"));
                 }

@@ -15,6 +15,7 @@ pub mod pairwise;
 mod ranked;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Communicator;
@@ -24,16 +25,21 @@ use proto_core::wire::CommInitRequest;
 
 pub use pairwise::CommLink;
 
-/// How a connection's comm links are set up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use crate::remote_copy::{self, PeerAllowList};
+
+/// How a connection's comm links are set up (and where remote copies may go).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommSettings {
     /// The link's wire form: the 8.0.0 link, or the newest upstream's ranked link.
     pub variant: LinkVariant,
     /// Whether this server votes for its backend's communicator where the backend offers one
     /// (`GGML_RPC_NO_BACKEND_COMMUNICATOR` turns it off, as in the reference).
     pub backend_communicator: bool,
-    /// Bound on every wait for a peer: set-up, each bootstrap exchange, each all-reduce.
+    /// Bound on every wait for a peer: set-up, each bootstrap exchange, each all-reduce,
+    /// each step of a remote copy.
     pub timeout: Duration,
+    /// The servers REMOTE_COPY_TENSOR may push to (`--peer`).
+    pub peers: Arc<PeerAllowList>,
 }
 
 /// One device's comm state.
@@ -129,6 +135,27 @@ impl CommLinks {
                     tracing::info!(device, "comm link closed");
                 }
                 Ok(())
+            }
+            CommWork::RemoteCopy(work) => {
+                let backend = conn.backend().clone();
+                let endpoint = work.request.endpoint_str().unwrap_or("?").to_owned();
+                let bytes = work.request.size;
+                let status = match remote_copy::push(
+                    &work,
+                    &*backend,
+                    &self.settings.peers,
+                    self.settings.timeout,
+                ) {
+                    Ok(()) => {
+                        tracing::info!(%endpoint, bytes, "remote copy done");
+                        proto_core::wire::RemoteCopyStatus::Ok
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, %endpoint, bytes, "REMOTE_COPY_TENSOR failed");
+                        error.status()
+                    }
+                };
+                conn.remote_copy_done(status)
             }
         }
     }
