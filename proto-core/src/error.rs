@@ -28,7 +28,7 @@ pub enum Error {
         id: u8,
     },
     /// One of our private extension ids on a connection that did not negotiate it
-    /// (EXTENSIONS), or while an attached remote-copy connection may only write its region.
+    /// (EXTENSIONS).
     #[error("extension command id {id:#04x} was not negotiated on this connection")]
     ExtensionNotNegotiated {
         /// The command id.

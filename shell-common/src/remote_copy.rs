@@ -16,7 +16,7 @@ use bytes::{BufMut, BytesMut};
 use proto_core::backend::{Backend, TensorLocation};
 use proto_core::dispatch::RemoteCopyWork;
 use proto_core::wire::{
-    Command, ProtocolVersion, RemoteCopyStatus, Request, Response, SetTensorHeader, Dialect,
+    Command, Dialect, ProtocolVersion, RemoteCopyStatus, Request, Response, SetTensorHeader,
     EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,
 };
 
@@ -180,12 +180,8 @@ pub fn push(
     let refused = RemoteCopyError::Refused;
 
     // HELLO: the same request in 7 and 8; B's answer tells its dialect.
-    let hello = call(
-        &mut stream,
-        &Request::Hello { caps: [0; 24] },
-        Dialect::V8,
-    )
-    .map_err(|e| call_error(e, handshake))?;
+    let hello = call(&mut stream, &Request::Hello { caps: [0; 24] }, Dialect::V8)
+        .map_err(|e| call_error(e, handshake))?;
     let Response::Hello { version, flags, .. } = hello else {
         return Err(refused(PeerRefusal::Malformed));
     };
@@ -219,7 +215,9 @@ pub fn push(
         .dst
         .data
         .checked_add(request.dst_offset)
-        .ok_or(refused(PeerRefusal::Ticket(RemoteCopyStatus::BadDestination)))?;
+        .ok_or(refused(PeerRefusal::Ticket(
+            RemoteCopyStatus::BadDestination,
+        )))?;
     let attached = call(
         &mut stream,
         &Request::RemoteCopyAttach {
@@ -274,12 +272,7 @@ pub fn push(
         });
         match lent {
             Ok(Some(n)) if n == take => {}
-            Ok(Some(_)) => {
-                return Err(streaming(
-                    sent,
-                    failed.unwrap_or(io::ErrorKind::WriteZero),
-                ))
-            }
+            Ok(Some(_)) => return Err(streaming(sent, failed.unwrap_or(io::ErrorKind::WriteZero))),
             Ok(None) => {
                 // Not host memory: through one bounded bounce buffer.
                 bounce.resize(take, 0);
@@ -353,9 +346,7 @@ fn call(
     stream
         .write_all(&frame)
         .map_err(|e| CallError::Io(e.kind()))?;
-    let expected = command
-        .fixed_response_size()
-        .ok_or(CallError::Malformed)?;
+    let expected = command.fixed_response_size().ok_or(CallError::Malformed)?;
     let mut header = [0u8; RESPONSE_HEADER_SIZE];
     stream
         .read_exact(&mut header)

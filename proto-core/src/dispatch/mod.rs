@@ -297,9 +297,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
     fn request(&mut self, request: Request) -> Result<Outcome> {
         let respond = |r| Ok(Outcome::Respond(r));
         if self.attached.is_some() && !matches!(request, Request::DeviceCount) {
-            return Err(Error::ExtensionNotNegotiated {
-                id: request.command().id(),
-            });
+            return Err(Error::InvalidState(
+                "an attached remote-copy connection may only write its region",
+            ));
         }
         match request {
             Request::Hello { .. } => {

@@ -700,11 +700,9 @@ impl Request {
                     },
                 ))
             })?,
-            Command::RemoteCopyTensor => Request::RemoteCopyTensor(Box::new(run(
-                command,
-                p,
-                RemoteCopyRequest::parse,
-            )?)),
+            Command::RemoteCopyTensor => {
+                Request::RemoteCopyTensor(Box::new(run(command, p, RemoteCopyRequest::parse)?))
+            }
         };
         Ok(request)
     }
