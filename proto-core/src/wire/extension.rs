@@ -136,7 +136,7 @@ impl RemoteCopyRequest {
             return None;
         }
         let mut field = [0u8; ENDPOINT_SIZE];
-        field[..bytes.len()].copy_from_slice(bytes);
+        field.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(field)
     }
 
