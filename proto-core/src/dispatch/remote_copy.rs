@@ -116,3 +116,185 @@ mod tests {
         assert_eq!(board.issue(grant), None);
     }
 }
+
+#[cfg(test)]
+mod dispatcher_tests {
+    use std::sync::Arc;
+
+    use super::TicketBoard;
+    use crate::backend::MemoryBackend;
+    use crate::dispatch::{Dispatcher, DispatcherConfig, Outcome};
+    use crate::session::{ServerEvent, TensorWrite};
+    use crate::wire::{
+        ProtocolVersion, RemoteCopyStatus, Request, Response, RpcTensor, SetTensorHeader,
+    };
+
+    type D = Dispatcher<MemoryBackend>;
+
+    fn request(d: &mut D, request: Request) -> Response {
+        match d.handle(ServerEvent::Request(request)).unwrap() {
+            Outcome::Respond(response) => response,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A dispatcher on `backend` sharing `board`, with one 4096-byte buffer and a tensor of
+    /// it when `with_buffer`.
+    fn connection(
+        backend: &Arc<MemoryBackend>,
+        board: &Arc<TicketBoard>,
+        with_buffer: bool,
+    ) -> (D, RpcTensor) {
+        let mut config = DispatcherConfig::new(ProtocolVersion::V8_0_0);
+        config.remote_copy = Some(board.clone());
+        let mut d = Dispatcher::new(backend.clone(), config).unwrap();
+        let mut tensor = RpcTensor::contiguous(1, 24, [4096, 1, 1, 1]).unwrap();
+        if with_buffer {
+            let Response::AllocBuffer { remote_ptr, .. } = request(
+                &mut d,
+                Request::AllocBuffer {
+                    device: 0,
+                    size: 4096,
+                },
+            ) else {
+                panic!()
+            };
+            let Response::BufferBase(base) =
+                request(&mut d, Request::BufferGetBase { buffer: remote_ptr })
+            else {
+                panic!()
+            };
+            tensor.buffer = remote_ptr;
+            tensor.data = base;
+        }
+        (d, tensor)
+    }
+
+    fn expect(d: &mut D, tensor: &RpcTensor, offset: u64, size: u64) -> (u8, u64) {
+        match request(
+            d,
+            Request::RemoteCopyExpect {
+                tensor: Box::new(tensor.clone()),
+                offset,
+                size,
+            },
+        ) {
+            Response::RemoteCopyExpect { status, ticket } => (status, ticket),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn attach(d: &mut D, ticket: u64, tensor: &RpcTensor, offset: u64, len: u64) -> u8 {
+        match request(
+            d,
+            Request::RemoteCopyAttach {
+                ticket,
+                buffer: tensor.buffer,
+                start: tensor.data + offset,
+                len,
+            },
+        ) {
+            Response::RemoteCopyAttach(status) => status,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tickets_are_revoked_and_lent_buffers_never_freed() {
+        let backend = Arc::new(MemoryBackend::new(1, 1 << 20));
+        let board = Arc::new(TicketBoard::new());
+        let (mut owner, tensor) = connection(&backend, &board, true);
+
+        // One ticket per connection; a bad region gets none.
+        let (ok, first) = expect(&mut owner, &tensor, 0, 16);
+        assert_eq!(ok, 0);
+        assert_eq!(
+            expect(&mut owner, &tensor, 4090, 16),
+            (RemoteCopyStatus::BadDestination.byte(), 0)
+        );
+        assert!(
+            board.is_empty(),
+            "the next EXPECT revokes the previous ticket"
+        );
+        let (_, ticket) = expect(&mut owner, &tensor, 0, 16);
+        assert_ne!(ticket, first);
+        assert_eq!(board.len(), 1);
+        // Freeing the buffer revokes it; so does the connection's end.
+        let (mut spare, spare_tensor) = connection(&backend, &board, true);
+        expect(&mut spare, &spare_tensor, 0, 8);
+        assert_eq!(board.len(), 2);
+        spare
+            .handle(ServerEvent::Request(Request::FreeBuffer {
+                buffer: spare_tensor.buffer,
+            }))
+            .unwrap();
+        assert_eq!(board.len(), 1);
+        let (mut spare, spare_tensor) = connection(&backend, &board, true);
+        expect(&mut spare, &spare_tensor, 0, 8);
+        assert_eq!(board.len(), 2);
+        drop(spare);
+        assert_eq!(board.len(), 1);
+        assert_eq!(backend.live_buffers(), 1);
+
+        // A connection holding buffers cannot attach; a wrong region consumes the ticket.
+        let (mut holder, _) = connection(&backend, &board, true);
+        assert_eq!(
+            attach(&mut holder, ticket, &tensor, 0, 16),
+            RemoteCopyStatus::TicketRefused.byte()
+        );
+        drop(holder);
+        let (mut pusher, _) = connection(&backend, &board, false);
+        assert_eq!(
+            attach(&mut pusher, ticket, &tensor, 8, 16),
+            RemoteCopyStatus::BadDestination.byte()
+        );
+        assert!(board.is_empty());
+        assert_eq!(
+            attach(&mut pusher, ticket, &tensor, 0, 16),
+            RemoteCopyStatus::TicketRefused.byte()
+        );
+
+        // Attached: exactly the granted write, then DEVICE_COUNT only; the buffer stays.
+        let (_, ticket) = expect(&mut owner, &tensor, 0, 16);
+        let (mut pusher, _) = connection(&backend, &board, false);
+        assert_eq!(attach(&mut pusher, ticket, &tensor, 0, 16), 0);
+        let write = |offset| ServerEvent::TensorWriteBegin {
+            write: TensorWrite::Set(Box::new(SetTensorHeader {
+                tensor: tensor.clone(),
+                cache_flag: 0,
+                offset,
+            })),
+            data_len: 16,
+        };
+        pusher.handle(write(0)).unwrap();
+        pusher
+            .handle(ServerEvent::TensorData(vec![7u8; 16].into()))
+            .unwrap();
+        pusher.handle(ServerEvent::TensorWriteEnd).unwrap();
+        assert!(pusher.handle(write(0)).is_err(), "one write only");
+        let (mut pusher, _) = connection(&backend, &board, false);
+        let (_, ticket) = expect(&mut owner, &tensor, 0, 16);
+        assert_eq!(attach(&mut pusher, ticket, &tensor, 0, 16), 0);
+        assert!(pusher
+            .handle(ServerEvent::Request(Request::FreeBuffer {
+                buffer: tensor.buffer
+            }))
+            .is_err());
+        drop(pusher);
+        assert_eq!(backend.live_buffers(), 1, "the lent buffer is not freed");
+        let Response::TensorData(data) = request(
+            &mut owner,
+            Request::GetTensor {
+                tensor: Box::new(tensor.clone()),
+                offset: 0,
+                size: 16,
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!(&data[..], &[7u8; 16]);
+        drop(owner);
+        assert_eq!(backend.live_buffers(), 0);
+        assert!(board.is_empty());
+    }
+}
