@@ -206,26 +206,40 @@ fn server_seeds(seeds: &mut Seeds) {
     assert_eq!(granted[8], 1);
     let (buffer, base) = c.alloc(4096);
     let tensor = f32_tensor(1, buffer, base, 1024);
-    let expect = c.send(&Request::RemoteCopyExpect { tensor: Box::new(tensor.clone()), offset: 0, size: 4096 });
+    let expect = c.send(&Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+        tensor: tensor.clone(),
+        offset: 0,
+        size: 4096,
+        n_copies: 1,
+        stride: 0,
+    })));
     assert_eq!(expect[8], 0);
     // Tickets are random: the seed uses a fixed one (the copy fails before B sees it).
     let ticket = 1;
     let copy = c.send(&Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
         src: tensor.clone(),
         src_offset: 0,
-        size: 4096,
+        size: 1024,
+        n_copies: 4,
+        src_stride: 1024,
         dst: tensor,
         dst_offset: 0,
+        dst_stride: 1024,
         ticket,
         endpoint: RemoteCopyRequest::endpoint_field("127.0.0.1:50052").unwrap(),
     })));
     assert_eq!(copy[8], 2);
-    let attach = c.send(&Request::RemoteCopyAttach { ticket, buffer, start: base, len: 4096 });
+    let attach =
+        c.send(&Request::RemoteCopyAttach { ticket, buffer, start: base, size: 4096, n_copies: 1, stride: 0 });
     assert_eq!(attach[8], 6);
     seeds.write("server_session", "v8_remote_copy", &c.seed(Splits::default()));
     // The extension's ids without EXTENSIONS.
     let mut c = Conversation::new(flag::V8);
-    c.send_bytes(&Request::RemoteCopyAttach { ticket: 1, buffer: 1, start: 0, len: 0 }.to_frame(Dialect::V8).unwrap());
+    c.send_bytes(
+        &Request::RemoteCopyAttach { ticket: 1, buffer: 1, start: 0, size: 0, n_copies: 1, stride: 0 }
+            .to_frame(Dialect::V8)
+            .unwrap(),
+    );
     assert!(c.harness.failed());
     seeds.write("server_session", "v8_remote_copy_not_negotiated", &c.seed(Splits::default()));
 

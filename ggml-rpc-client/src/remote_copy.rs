@@ -3,8 +3,8 @@
 //! relayed through this client (GET_TENSOR, then SET_TENSOR), with the same result.
 
 use proto_core::wire::{
-    RemoteCopyRequest, RemoteCopyStatus, Request, Response, RpcTensor, EXTENSION_REMOTE_COPY,
-    HELLO_FLAG_EXTENSIONS,
+    Dialect, RemoteCopyRequest, RemoteCopyStatus, Request, Response, RpcTensor, Tensor2dHeader,
+    EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS,
 };
 
 use crate::{Client, ClientError};
@@ -77,11 +77,23 @@ impl Client {
         offset: u64,
         size: u64,
     ) -> Result<u64, ClientError> {
-        let request = Request::RemoteCopyExpect {
-            tensor: Box::new(tensor.clone()),
+        self.remote_copy_expect_rows(&Tensor2dHeader {
+            tensor: tensor.clone(),
             offset,
             size,
-        };
+            n_copies: 1,
+            stride: 0,
+        })
+        .await
+    }
+
+    /// REMOTE_COPY_EXPECT for `rows.n_copies` rows of `rows.size` bytes, `rows.stride`
+    /// apart (rows need a protocol-8 destination).
+    pub async fn remote_copy_expect_rows(
+        &mut self,
+        rows: &Tensor2dHeader,
+    ) -> Result<u64, ClientError> {
+        let request = Request::RemoteCopyExpect(Box::new(rows.clone()));
         match self.call(request).await? {
             Response::RemoteCopyExpect { status: 0, ticket } => Ok(ticket),
             Response::RemoteCopyExpect { status, .. } => Err(refusal(status)),
@@ -132,6 +144,44 @@ pub async fn copy_between_servers(
     dst_endpoint: &str,
     mode: CopyMode,
 ) -> Result<CopyPath, ClientError> {
+    let rows = |tensor: &RpcTensor, offset| Tensor2dHeader {
+        tensor: tensor.clone(),
+        offset,
+        size,
+        n_copies: 1,
+        stride: 0,
+    };
+    copy_rows_between_servers(
+        src,
+        &rows(src_tensor, src_offset),
+        dst,
+        &rows(dst_tensor, dst_offset),
+        dst_endpoint,
+        mode,
+    )
+    .await
+}
+
+/// Copies rows: `src_rows.n_copies` rows of `src_rows.size` bytes, `src_rows.stride` apart
+/// inside `src_rows.tensor` on `src`'s server, to the rows `dst_rows` describes on `dst`'s
+/// server (same `size` and `n_copies`, a stride of its own). One row is a contiguous copy
+/// ([`copy_between_servers`]). Direct, rows go to B as one SET_TENSOR_2D (B must speak
+/// protocol 8); relayed, as GET_TENSOR_2D / SET_TENSOR_2D in batches of at most 64 MiB on
+/// protocol 8, row by row on 7.
+pub async fn copy_rows_between_servers(
+    src: &mut Client,
+    src_rows: &Tensor2dHeader,
+    dst: &mut Client,
+    dst_rows: &Tensor2dHeader,
+    dst_endpoint: &str,
+    mode: CopyMode,
+) -> Result<CopyPath, ClientError> {
+    if src_rows.size != dst_rows.size || src_rows.n_copies != dst_rows.n_copies {
+        return Err(proto_core::Error::InvalidState(
+            "source and destination rows differ in size or count",
+        )
+        .into());
+    }
     let mut refused = None;
     if mode != CopyMode::Relay {
         let both = src.offers_extensions() && dst.offers_extensions();
@@ -144,13 +194,16 @@ pub async fn copy_between_servers(
             let attempt = async {
                 let endpoint = RemoteCopyRequest::endpoint_field(dst_endpoint)
                     .ok_or(ClientError::RemoteCopy(RemoteCopyStatus::PeerNotAllowed))?;
-                let ticket = dst.remote_copy_expect(dst_tensor, dst_offset, size).await?;
+                let ticket = dst.remote_copy_expect_rows(dst_rows).await?;
                 src.remote_copy_tensor(RemoteCopyRequest {
-                    src: src_tensor.clone(),
-                    src_offset,
-                    size,
-                    dst: dst_tensor.clone(),
-                    dst_offset,
+                    src: src_rows.tensor.clone(),
+                    src_offset: src_rows.offset,
+                    size: src_rows.size,
+                    n_copies: src_rows.n_copies,
+                    src_stride: src_rows.stride,
+                    dst: dst_rows.tensor.clone(),
+                    dst_offset: dst_rows.offset,
+                    dst_stride: dst_rows.stride,
                     ticket,
                     endpoint,
                 })
@@ -175,15 +228,67 @@ pub async fn copy_between_servers(
             return Err(ClientError::RemoteCopyUnavailable);
         }
     }
-    let overflow = || ClientError::from(proto_core::Error::SizeOverflow("copy region"));
-    src_offset.checked_add(size).ok_or_else(overflow)?;
-    dst_offset.checked_add(size).ok_or_else(overflow)?;
-    let mut done = 0;
-    while done < size {
-        let piece = (size - done).min(RELAY_PIECE);
-        let data = src.get_tensor(src_tensor, src_offset + done, piece).await?;
-        dst.set_tensor(dst_tensor, dst_offset + done, data).await?;
-        done += piece;
-    }
+    relay(src, src_rows, dst, dst_rows).await?;
     Ok(CopyPath::Relayed { refused })
+}
+
+/// The copy through this client, at most [`RELAY_PIECE`] bytes held at once (or one row).
+async fn relay(
+    src: &mut Client,
+    src_rows: &Tensor2dHeader,
+    dst: &mut Client,
+    dst_rows: &Tensor2dHeader,
+) -> Result<(), ClientError> {
+    let overflow = || ClientError::from(proto_core::Error::SizeOverflow("copy region"));
+    let (size, rows) = (src_rows.size, src_rows.n_copies);
+    let span = |r: &Tensor2dHeader| {
+        rows.checked_sub(1)
+            .and_then(|n| n.checked_mul(r.stride))
+            .and_then(|n| n.checked_add(size))
+            .and_then(|n| n.checked_add(r.offset))
+    };
+    span(src_rows).ok_or_else(overflow)?;
+    span(dst_rows).ok_or_else(overflow)?;
+    let both_v8 = src.dialect() == Dialect::V8 && dst.dialect() == Dialect::V8;
+    if rows > 1 && both_v8 && size > 0 {
+        let batch = (RELAY_PIECE / size).max(1);
+        let mut row = 0;
+        while row < rows {
+            let n = (rows - row).min(batch);
+            let data = src
+                .get_tensor_2d(
+                    &src_rows.tensor,
+                    src_rows.offset + row * src_rows.stride,
+                    size,
+                    n,
+                    src_rows.stride,
+                )
+                .await?;
+            dst.set_tensor_2d(
+                &dst_rows.tensor,
+                dst_rows.offset + row * dst_rows.stride,
+                size,
+                n,
+                dst_rows.stride,
+                data,
+            )
+            .await?;
+            row += n;
+        }
+        return Ok(());
+    }
+    for row in 0..rows {
+        let (from, to) = (
+            src_rows.offset + row * src_rows.stride,
+            dst_rows.offset + row * dst_rows.stride,
+        );
+        let mut done = 0;
+        while done < size {
+            let piece = (size - done).min(RELAY_PIECE);
+            let data = src.get_tensor(&src_rows.tensor, from + done, piece).await?;
+            dst.set_tensor(&dst_rows.tensor, to + done, data).await?;
+            done += piece;
+        }
+    }
+    Ok(())
 }

@@ -10,11 +10,13 @@ mod common;
 use std::net::SocketAddr;
 
 use common::{bytes_tensor, pattern, within, Raw, TestServer};
-use ggml_rpc_client::{copy_between_servers, Client, ClientError, CopyMode, CopyPath};
+use ggml_rpc_client::{
+    copy_between_servers, copy_rows_between_servers, Client, ClientError, CopyMode, CopyPath,
+};
 use ggml_rpc_server::ServerConfig;
 use proto_core::wire::{
     Command, Dialect, ProtocolVersion, RemoteCopyRequest, RemoteCopyStatus, Request, RpcTensor,
-    EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS,
+    Tensor2dHeader, EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS,
 };
 use shell_common::PeerAllowList;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -112,6 +114,124 @@ async fn byte_exact_copies_direct_and_relayed(shell: &'static str) {
     }
 }
 
+/// Strided rows (SET_TENSOR_2D's shape), direct and relayed: small rows, and rows longer than
+/// the 16 MiB pieces A streams in; a protocol-7 destination refuses rows.
+async fn strided_rows_direct_and_relayed(shell: &'static str) {
+    let version = ProtocolVersion::V8_0_0;
+    let (a, b) = pair(shell, version, &[]);
+    let endpoint = b.addr.to_string();
+    let mut src = a.client(version).await;
+    let mut dst = b.client(version).await;
+    // (row size, rows, source stride, destination stride)
+    for (size, n, src_stride, dst_stride) in [
+        (3000u64, 64u64, 8192u64, 4096u64),
+        (20 << 20, 2, 24 << 20, 21 << 20),
+    ] {
+        let src_len = 5 + (n - 1) * src_stride + size;
+        let dst_len = 7 + (n - 1) * dst_stride + size;
+        let src_tensor = tensor(&mut src, src_len).await;
+        let data = pattern(src_len as usize, 77);
+        src.set_tensor(&src_tensor, 0, data.clone()).await.unwrap();
+        let src_rows = Tensor2dHeader {
+            tensor: src_tensor.clone(),
+            offset: 5,
+            size,
+            n_copies: n,
+            stride: src_stride,
+        };
+        for mode in [CopyMode::Direct, CopyMode::Relay] {
+            let dst_tensor = tensor(&mut dst, dst_len).await;
+            dst.memset_tensor(&dst_tensor, 0, dst_len, 0xEE)
+                .await
+                .unwrap();
+            let dst_rows = Tensor2dHeader {
+                tensor: dst_tensor.clone(),
+                offset: 7,
+                size,
+                n_copies: n,
+                stride: dst_stride,
+            };
+            let path = within(copy_rows_between_servers(
+                &mut src, &src_rows, &mut dst, &dst_rows, &endpoint, mode,
+            ))
+            .await
+            .unwrap();
+            assert_eq!(path == CopyPath::Direct, mode == CopyMode::Direct);
+            // Every row in place, and the gaps between them untouched.
+            let mut expected = vec![0xEEu8; dst_len as usize];
+            for row in 0..n {
+                let from = (5 + row * src_stride) as usize;
+                let to = (7 + row * dst_stride) as usize;
+                expected[to..to + size as usize].copy_from_slice(&data[from..from + size as usize]);
+            }
+            assert_bytes(&mut dst, &dst_tensor, 0, &expected).await;
+            dst.free_buffer(dst_tensor.buffer).await.unwrap();
+        }
+        src.free_buffer(src_tensor.buffer).await.unwrap();
+    }
+    drop((src, dst));
+    a.wait_live_buffers(0).await;
+    b.wait_live_buffers(0).await;
+    a.shutdown().await;
+    b.shutdown().await;
+
+    // Protocol 7 has no SET_TENSOR_2D: B refuses a ticket for rows.
+    let version = ProtocolVersion::V7_0_0;
+    let (a, b) = pair(shell, version, &[]);
+    let mut src = a.client(version).await;
+    let mut dst = b.client(version).await;
+    let src_tensor = tensor(&mut src, 4096).await;
+    let dst_tensor = tensor(&mut dst, 4096).await;
+    let rows = |tensor: &RpcTensor| Tensor2dHeader {
+        tensor: tensor.clone(),
+        offset: 0,
+        size: 16,
+        n_copies: 4,
+        stride: 32,
+    };
+    let direct = copy_rows_between_servers(
+        &mut src,
+        &rows(&src_tensor),
+        &mut dst,
+        &rows(&dst_tensor),
+        &b.addr.to_string(),
+        CopyMode::Direct,
+    )
+    .await;
+    assert!(matches!(
+        direct,
+        Err(ClientError::RemoteCopy(RemoteCopyStatus::BadDestination))
+    ));
+    // Relayed row by row instead.
+    let data = pattern(4096, 5);
+    src.set_tensor(&src_tensor, 0, data.clone()).await.unwrap();
+    let path = copy_rows_between_servers(
+        &mut src,
+        &rows(&src_tensor),
+        &mut dst,
+        &rows(&dst_tensor),
+        &b.addr.to_string(),
+        CopyMode::Relay,
+    )
+    .await
+    .unwrap();
+    assert_eq!(path, CopyPath::Relayed { refused: None });
+    for row in 0..4usize {
+        assert_bytes(
+            &mut dst,
+            &dst_tensor,
+            row as u64 * 32,
+            &data[row * 32..row * 32 + 16],
+        )
+        .await;
+    }
+    drop((src, dst));
+    a.wait_live_buffers(0).await;
+    b.wait_live_buffers(0).await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Both clients still answer, and hold their buffers.
 async fn still_usable(src: &mut Client, dst: &mut Client) {
     assert_eq!(within(src.device_count()).await.unwrap(), 1);
@@ -131,8 +251,11 @@ fn request(
         src: src.clone(),
         src_offset,
         size,
+        n_copies: 1,
+        src_stride: 0,
         dst: dst.clone(),
         dst_offset,
+        dst_stride: 0,
         ticket,
         endpoint: RemoteCopyRequest::endpoint_field(endpoint).unwrap(),
     }
@@ -380,7 +503,9 @@ async fn refusals_close_nothing_but_what_they_must(shell: &'static str) {
                 ticket,
                 buffer: dst_tensor.buffer,
                 start: dst_tensor.data,
-                len: 16,
+                size: 16,
+                n_copies: 1,
+                stride: 0,
             },
             1,
         )
@@ -501,4 +626,5 @@ for_each_shell!(
     byte_exact_copies_direct_and_relayed,
     refusals_close_nothing_but_what_they_must,
     without_extensions_the_client_relays,
+    strided_rows_direct_and_relayed,
 );

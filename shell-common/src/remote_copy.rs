@@ -17,7 +17,8 @@ use proto_core::backend::{Backend, TensorLocation};
 use proto_core::dispatch::RemoteCopyWork;
 use proto_core::wire::{
     Command, Dialect, ProtocolVersion, RemoteCopyStatus, Request, Response, SetTensorHeader,
-    EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,
+    Tensor2dHeader, EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS, REQUEST_HEADER_SIZE,
+    RESPONSE_HEADER_SIZE,
 };
 
 /// Largest piece of the source region lent to one blocking write.
@@ -211,20 +212,27 @@ pub fn push(
     if granted != Response::Extensions(EXTENSION_REMOTE_COPY) {
         return Err(refused(PeerRefusal::NotGranted));
     }
+    let bad_destination = refused(PeerRefusal::Ticket(RemoteCopyStatus::BadDestination));
     let start = request
         .dst
         .data
         .checked_add(request.dst_offset)
-        .ok_or(refused(PeerRefusal::Ticket(
-            RemoteCopyStatus::BadDestination,
-        )))?;
+        .ok_or(bad_destination)?;
+    let rows = request.n_copies;
+    // Rows go as one SET_TENSOR_2D, which protocol 7 lacks (B refused the ticket then too).
+    if rows != 1 && dialect != Dialect::V8 {
+        return Err(bad_destination);
+    }
+    let len = request.total().ok_or(bad_destination)?;
     let attached = call(
         &mut stream,
         &Request::RemoteCopyAttach {
             ticket: request.ticket,
             buffer: request.dst.buffer,
             start,
-            len: request.size,
+            size: request.size,
+            n_copies: rows,
+            stride: if rows == 1 { 0 } else { request.dst_stride },
         },
         dialect,
     )
@@ -239,29 +247,51 @@ pub fn push(
         _ => return Err(refused(PeerRefusal::Malformed)),
     }
 
-    // SET_TENSOR: the 305-byte head, then the data straight from backend memory.
-    let len = request.size;
-    let mut head = BytesMut::with_capacity(REQUEST_HEADER_SIZE + SetTensorHeader::SIZE);
-    head.put_u8(Command::SetTensor.id());
-    head.put_u64_le(SetTensorHeader::SIZE as u64 + len);
-    SetTensorHeader {
-        tensor: request.dst.clone(),
-        cache_flag: 0,
-        offset: request.dst_offset,
+    // SET_TENSOR (one row) or SET_TENSOR_2D (rows): the head, then the data straight from
+    // backend memory.
+    let mut head = BytesMut::with_capacity(REQUEST_HEADER_SIZE + Tensor2dHeader::SIZE);
+    if rows == 1 {
+        head.put_u8(Command::SetTensor.id());
+        head.put_u64_le(SetTensorHeader::SIZE as u64 + len);
+        SetTensorHeader {
+            tensor: request.dst.clone(),
+            cache_flag: 0,
+            offset: request.dst_offset,
+        }
+        .encode(&mut head);
+    } else {
+        head.put_u8(Command::SetTensor2d.id());
+        head.put_u64_le(Tensor2dHeader::SIZE as u64 + len);
+        Tensor2dHeader {
+            tensor: request.dst.clone(),
+            offset: request.dst_offset,
+            size: request.size,
+            n_copies: rows,
+            stride: request.dst_stride,
+        }
+        .encode(&mut head);
     }
-    .encode(&mut head);
     let mut sent = 0u64;
     let streaming = |sent: u64, kind| RemoteCopyError::Stream { sent, len, kind };
     stream
         .write_all(&head)
         .map_err(|e| streaming(0, e.kind()))?;
     let mut bounce: Vec<u8> = Vec::new();
+    // The source rows, each in pieces of at most PIECE bytes (A checked that every row lies in
+    // its buffer, so the offsets cannot overflow).
+    let row_len = if rows == 1 { len } else { request.size };
+    let (mut row, mut within) = (0u64, 0u64);
     while sent < len {
-        let take = (len - sent).min(PIECE) as usize;
+        if within == row_len {
+            row += 1;
+            within = 0;
+        }
+        let take = (row_len - within).min(PIECE) as usize;
         let at = TensorLocation {
             buffer: work.src.buffer,
-            offset: work.src.offset + sent,
+            offset: work.src.offset + row * request.src_stride + within,
         };
+        within += take as u64;
         let mut failed = None;
         let lent = backend.read_in_place(at, take, &mut |piece| match stream.write_all(piece) {
             Ok(()) => piece.len(),

@@ -217,33 +217,32 @@ pub fn request(request: &Request, dialect: Dialect) -> Value {
             json!({ "device": device, "tensor": tensor(t) })
         }
         Request::Extensions { wanted } => json!({ "wanted": u64_value(*wanted) }),
-        Request::RemoteCopyExpect {
-            tensor: t,
-            offset,
-            size,
-        } => json!({
-            "tensor": tensor(t),
-            "offset": u64_value(*offset),
-            "size": u64_value(*size),
-        }),
+        Request::RemoteCopyExpect(header) => Value::Object(tensor_2d(header)),
         Request::RemoteCopyAttach {
             ticket,
             buffer,
             start,
-            len,
+            size,
+            n_copies,
+            stride,
         } => json!({
             "ticket": u64_value(*ticket),
             "remote_ptr": u64_value(*buffer),
             "start": u64_value(*start),
-            "len": u64_value(*len),
+            "size": u64_value(*size),
+            "n_copies": u64_value(*n_copies),
+            "stride": u64_value(*stride),
         }),
         Request::RemoteCopyTensor(req) => {
             let mut out = Map::new();
             out.insert("src".into(), tensor(&req.src));
             out.insert("src_offset".into(), u64_value(req.src_offset));
             out.insert("size".into(), u64_value(req.size));
+            out.insert("n_copies".into(), u64_value(req.n_copies));
+            out.insert("src_stride".into(), u64_value(req.src_stride));
             out.insert("dst".into(), tensor(&req.dst));
             out.insert("dst_offset".into(), u64_value(req.dst_offset));
+            out.insert("dst_stride".into(), u64_value(req.dst_stride));
             out.insert("ticket".into(), u64_value(req.ticket));
             text_field(&mut out, "endpoint", &req.endpoint);
             Value::Object(out)

@@ -25,7 +25,7 @@ use crate::wire::{
     RemoteCopyStatus, Request, Response, RpcTensor, Tensor2dHeader, EXTENSION_REMOTE_COPY,
     HELLO_FLAG_EXTENSIONS, HELLO_FLAG_TENSOR_CACHE,
 };
-use remote_copy::Grant;
+use remote_copy::{CopyShape, Grant};
 
 pub use buffers::{BufferEntry, BufferTable, RegionStart};
 pub use graph_cache::GraphCache;
@@ -324,13 +324,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 };
                 respond(Response::Extensions(wanted & offered))
             }
-            Request::RemoteCopyExpect {
-                tensor,
-                offset,
-                size,
-            } => {
+            Request::RemoteCopyExpect(header) => {
                 self.sync_devices();
-                let (status, ticket) = self.remote_copy_expect(&tensor, offset, size);
+                let (status, ticket) = self.remote_copy_expect(&header);
                 respond(Response::RemoteCopyExpect {
                     status: status.byte(),
                     ticket,
@@ -340,18 +336,26 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                 ticket,
                 buffer,
                 start,
-                len,
+                size,
+                n_copies,
+                stride,
             } => respond(Response::RemoteCopyAttach(
-                self.remote_copy_attach(ticket, (buffer, start, len)).byte(),
+                self.remote_copy_attach(
+                    ticket,
+                    CopyShape::new(buffer, start, size, n_copies, stride),
+                )
+                .byte(),
             )),
             Request::RemoteCopyTensor(request) => {
                 self.sync_devices();
-                match self.buffers.region(
-                    &request.src,
-                    request.src_offset,
-                    request.size,
-                    RegionStart::InsideBuffer,
-                ) {
+                let src = Tensor2dHeader {
+                    tensor: request.src.clone(),
+                    offset: request.src_offset,
+                    size: request.size,
+                    n_copies: request.n_copies,
+                    stride: request.src_stride,
+                };
+                match self.copy_region(&src) {
                     Ok(src) => Ok(Outcome::RemoteCopy(Box::new(RemoteCopyWork {
                         src,
                         request: *request,
@@ -672,16 +676,26 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         self.sync_devices();
         if let Some((grant, begun)) = self.attached.as_mut() {
             // The one write an attached connection may do: exactly the granted region.
-            let fits = match &write {
-                TensorWrite::Set(header) => {
-                    !*begun
-                        && header.cache_flag == 0
-                        && header.tensor.buffer == grant.handle
-                        && header.tensor.data.checked_add(header.offset) == Some(grant.start)
-                        && data_len == grant.len
+            let shape = match &write {
+                TensorWrite::Set(header) if header.cache_flag == 0 => header
+                    .tensor
+                    .data
+                    .checked_add(header.offset)
+                    .map(|start| CopyShape::new(header.tensor.buffer, start, data_len, 1, 0)),
+                TensorWrite::Set(_) => None,
+                TensorWrite::Set2d(header) => {
+                    header.tensor.data.checked_add(header.offset).map(|start| {
+                        CopyShape::new(
+                            header.tensor.buffer,
+                            start,
+                            header.size,
+                            header.n_copies,
+                            header.stride,
+                        )
+                    })
                 }
-                TensorWrite::Set2d(_) => false,
             };
+            let fits = !*begun && shape == Some(grant.shape);
             if !fits {
                 return Err(Error::OutOfBounds(
                     "remote copy write differs from its ticket's region",
@@ -751,7 +765,7 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             .ok_or(Error::InvalidState("end without a write"))?;
         if let Some((grant, _)) = self.attached {
             // Written: the lent buffer goes back to its owner's connection alone.
-            self.buffers.forget_borrowed(grant.handle);
+            self.buffers.forget_borrowed(grant.shape.handle);
         }
         if let Some((hasher, writer)) = stream.cache {
             writer.commit(hasher.finish())?;
@@ -852,34 +866,58 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         Response::CommInit(u8::from(ok))
     }
 
-    /// REMOTE_COPY_EXPECT: a ticket for a region of this connection's buffers (the region is
-    /// checked as SET_TENSOR's). Soft: a bad region is a status, not a closed connection.
-    fn remote_copy_expect(
-        &mut self,
-        tensor: &RpcTensor,
-        offset: u64,
-        size: u64,
-    ) -> (RemoteCopyStatus, u64) {
+    /// A remote copy's region of a tensor of this connection: one contiguous region as
+    /// SET_TENSOR's (`n_copies` 1), or rows as SET_TENSOR_2D's, never more bytes than the
+    /// tensor holds. The first row's location.
+    fn copy_region(&self, header: &Tensor2dHeader) -> Result<TensorLocation> {
+        if header.n_copies == 1 {
+            return self.buffers.region(
+                &header.tensor,
+                header.offset,
+                header.size,
+                RegionStart::InsideBuffer,
+            );
+        }
+        let total = header.data_len(Command::SetTensor2d)?;
+        let (first, _) = self.rows(header)?;
+        let (_, byte_size) = self.buffers.resolve_in_buffer(&header.tensor)?;
+        if total > byte_size {
+            return Err(Error::OutOfBounds("rows copy more than the tensor holds"));
+        }
+        Ok(first)
+    }
+
+    /// REMOTE_COPY_EXPECT: a ticket for a region of this connection's buffers (checked by
+    /// [`copy_region`](Self::copy_region); rows only on protocol 8, which has SET_TENSOR_2D).
+    /// Soft: a bad region is a status, not a closed connection.
+    fn remote_copy_expect(&mut self, header: &Tensor2dHeader) -> (RemoteCopyStatus, u64) {
+        let tensor = &header.tensor;
         if let Some((ticket, _)) = self.ticket.take() {
             self.revoke_ticket(ticket);
         }
         let Some(board) = self.config.remote_copy.clone() else {
             return (RemoteCopyStatus::TicketRefused, 0);
         };
+        if header.n_copies != 1 && self.dialect != Dialect::V8 {
+            return (RemoteCopyStatus::BadDestination, 0);
+        }
         let entry = self
-            .buffers
-            .region(tensor, offset, size, RegionStart::InsideBuffer)
+            .copy_region(header)
             .and_then(|_| self.buffers.get(tensor.buffer));
         let entry = match entry {
             Ok(entry) => entry,
             Err(_) => return (RemoteCopyStatus::BadDestination, 0),
         };
         let grant = Grant {
-            handle: tensor.buffer,
             entry,
-            // region() checked that data + offset does not overflow
-            start: tensor.data + offset,
-            len: size,
+            // copy_region() checked that data + offset does not overflow
+            shape: CopyShape::new(
+                tensor.buffer,
+                tensor.data + header.offset,
+                header.size,
+                header.n_copies,
+                header.stride,
+            ),
         };
         match board.issue(grant) {
             Some(ticket) => {
@@ -892,8 +930,8 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
 
     /// REMOTE_COPY_ATTACH: lends the ticket's buffer to this connection for its one write.
     /// Refused on a connection that holds buffers of its own or attached before.
-    /// `region`: (buffer handle, first address, length) the source server will write.
-    fn remote_copy_attach(&mut self, ticket: u64, region: (u64, u64, u64)) -> RemoteCopyStatus {
+    /// `shape`: the region the source server will write.
+    fn remote_copy_attach(&mut self, ticket: u64, shape: CopyShape) -> RemoteCopyStatus {
         let Some(board) = self.config.remote_copy.clone() else {
             return RemoteCopyStatus::TicketRefused;
         };
@@ -903,10 +941,13 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         let Some(grant) = board.take(ticket) else {
             return RemoteCopyStatus::TicketRefused;
         };
-        if region != (grant.handle, grant.start, grant.len) {
+        if shape != grant.shape {
             return RemoteCopyStatus::BadDestination;
         }
-        if !self.buffers.insert_borrowed(grant.handle, grant.entry) {
+        if !self
+            .buffers
+            .insert_borrowed(grant.shape.handle, grant.entry)
+        {
             return RemoteCopyStatus::TicketRefused;
         }
         self.attached = Some((grant, false));
@@ -927,7 +968,7 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         }
         if let Some((grant, _)) = self.attached {
             // Lent, not ours: never freed here.
-            self.buffers.forget_borrowed(grant.handle);
+            self.buffers.forget_borrowed(grant.shape.handle);
         }
         self.stream = None;
         self.graphs.invalidate_all();

@@ -17,17 +17,43 @@ use super::buffers::BufferEntry;
 /// a server with this many clients each holding one).
 pub const MAX_TICKETS: usize = 4096;
 
-/// What a ticket allows: writing `len` bytes at synthetic address `start` of a buffer.
+/// A destination region as the source server will write it: `n_copies` rows of `size` bytes,
+/// `stride` apart, from synthetic address `start` of the buffer `handle` (the stride is 0 for
+/// one row, whatever was sent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
+pub struct CopyShape {
     /// The wire handle of the buffer on the issuing connection.
     pub handle: u64,
-    /// The buffer.
-    pub entry: BufferEntry,
     /// First address of the region (the issuing connection's address space).
     pub start: u64,
-    /// Bytes of the region.
-    pub len: u64,
+    /// Bytes per row.
+    pub size: u64,
+    /// Rows.
+    pub n_copies: u64,
+    /// Distance between rows (0 for one row).
+    pub stride: u64,
+}
+
+impl CopyShape {
+    /// A shape, the stride dropped for one row.
+    pub fn new(handle: u64, start: u64, size: u64, n_copies: u64, stride: u64) -> CopyShape {
+        CopyShape {
+            handle,
+            start,
+            size,
+            n_copies,
+            stride: if n_copies == 1 { 0 } else { stride },
+        }
+    }
+}
+
+/// What a ticket allows: writing one region of a buffer, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The buffer.
+    pub entry: BufferEntry,
+    /// The region.
+    pub shape: CopyShape,
 }
 
 /// The server-wide ticket board.
@@ -93,15 +119,13 @@ mod tests {
     fn tickets_are_one_shot_and_bounded() {
         let board = TicketBoard::new();
         let grant = Grant {
-            handle: 1,
             entry: BufferEntry {
                 id: BufferId(1),
                 device: 0,
                 base: 0x1000,
                 size: 64,
             },
-            start: 0x1000,
-            len: 64,
+            shape: CopyShape::new(1, 0x1000, 64, 1, 0),
         };
         let a = board.issue(grant).unwrap();
         let b = board.issue(grant).unwrap();
@@ -127,6 +151,7 @@ mod dispatcher_tests {
     use crate::session::{ServerEvent, TensorWrite};
     use crate::wire::{
         ProtocolVersion, RemoteCopyStatus, Request, Response, RpcTensor, SetTensorHeader,
+        Tensor2dHeader,
     };
 
     type D = Dispatcher<MemoryBackend>;
@@ -173,11 +198,13 @@ mod dispatcher_tests {
     fn expect(d: &mut D, tensor: &RpcTensor, offset: u64, size: u64) -> (u8, u64) {
         match request(
             d,
-            Request::RemoteCopyExpect {
-                tensor: Box::new(tensor.clone()),
+            Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+                tensor: tensor.clone(),
                 offset,
                 size,
-            },
+                n_copies: 1,
+                stride: 0,
+            })),
         ) {
             Response::RemoteCopyExpect { status, ticket } => (status, ticket),
             other => panic!("{other:?}"),
@@ -191,7 +218,9 @@ mod dispatcher_tests {
                 ticket,
                 buffer: tensor.buffer,
                 start: tensor.data + offset,
-                len,
+                size: len,
+                n_copies: 1,
+                stride: 99,
             },
         ) {
             Response::RemoteCopyAttach(status) => status,

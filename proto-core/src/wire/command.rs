@@ -166,8 +166,8 @@ impl Command {
             Command::CommAllreduce => Exact(4 + TENSOR),
             Command::CommFree => Exact(4),
             Command::Extensions => Exact(8),
-            Command::RemoteCopyAttach => Exact(32),
-            Command::RemoteCopyExpect => Exact(TENSOR + 16),
+            Command::RemoteCopyAttach => Exact(48),
+            Command::RemoteCopyExpect => Exact(TENSOR + 32),
             Command::RemoteCopyTensor => Exact(super::extension::RemoteCopyRequest::SIZE as u64),
         }
     }
@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(Command::extension(0xF4), None);
         assert_eq!(
             Command::RemoteCopyTensor.request_size(Dialect::V7),
-            RequestSize::Exact(688)
+            RequestSize::Exact(712)
         );
     }
 }

@@ -17,17 +17,24 @@
 //! ids and an authorization model of its own). Buffers are private to the connection that
 //! allocated them, so B must be told that A may write into the client's buffer:
 //!
-//! 1. client → B, `REMOTE_COPY_EXPECT` (`0xF1`): `rpc_tensor dst | u64 offset | u64 size`
-//!    (312 bytes). B checks the region as for SET_TENSOR and answers `u8 status | u64 ticket`
-//!    (9 bytes): an unguessable one-shot ticket for exactly that region of that connection's
-//!    buffer (a connection holds at most one; it is dropped with the connection or its buffer).
+//! A region is `n_copies` rows of `size` bytes, `stride` bytes apart, from `offset` inside a
+//! tensor (SET_TENSOR_2D's shape); `n_copies = 1` is a contiguous region (SET_TENSOR's rules,
+//! the stride is then ignored). Rows (`n_copies > 1`) need a protocol-8 destination.
+//!
+//! 1. client → B, `REMOTE_COPY_EXPECT` (`0xF1`): `rpc_tensor dst | u64 offset | u64 size |
+//!    u64 n_copies | u64 stride` (328 bytes, GET_TENSOR_2D's layout). B checks the region as
+//!    for SET_TENSOR / SET_TENSOR_2D and answers `u8 status | u64 ticket` (9 bytes): an
+//!    unguessable one-shot ticket for exactly that region of that connection's buffer (a
+//!    connection holds at most one; it is dropped with the connection or its buffer).
 //! 2. client → A, `REMOTE_COPY_TENSOR` (`0xF3`): `rpc_tensor src | u64 src_offset | u64 size |
-//!    rpc_tensor dst | u64 dst_offset | u64 ticket | endpoint[64]` (688 bytes; the endpoint is
-//!    B's `host:port`, NUL padded). A checks the source region and B's endpoint against its
-//!    `--peer` allow-list, then, off its event loop, connects to B as a client:
+//!    u64 n_copies | u64 src_stride | rpc_tensor dst | u64 dst_offset | u64 dst_stride |
+//!    u64 ticket | endpoint[64]` (712 bytes; the endpoint is B's `host:port`, NUL padded). A
+//!    checks the source region and B's endpoint against its `--peer` allow-list, then, off its
+//!    event loop, connects to B as a client:
 //!    HELLO, EXTENSIONS(remote copy), `REMOTE_COPY_ATTACH` (`0xF2`, `u64 ticket | u64 buffer |
-//!    u64 start | u64 len` (32 bytes; `start` = `dst.data + dst_offset`) → `u8 status`: the
-//!    ticket must name exactly that region), one SET_TENSOR of `dst` at `dst_offset` with the `size` bytes streamed
+//!    u64 start | u64 size | u64 n_copies | u64 stride` (48 bytes; `start` = `dst.data +
+//!    dst_offset`) → `u8 status`: the ticket must name exactly that region), one SET_TENSOR
+//!    (one row) or SET_TENSOR_2D (rows) of `dst` at `dst_offset` with the bytes streamed
 //!    straight from A's backend memory, and DEVICE_COUNT as a barrier (its answer proves B
 //!    applied the write), then closes. A answers the client `u8 status` ([`RemoteCopyStatus`]).
 //!
@@ -68,7 +75,8 @@ pub enum RemoteCopyStatus {
     /// The source region is not inside a tensor of the client's buffers on A.
     BadSource = 4,
     /// The destination region is not inside a tensor of the client's buffers on B
-    /// (REMOTE_COPY_EXPECT), or it differs from the ticket's (REMOTE_COPY_TENSOR).
+    /// (REMOTE_COPY_EXPECT; rows on a protocol-7 B), or it differs from the ticket's
+    /// (REMOTE_COPY_TENSOR).
     BadDestination = 5,
     /// B refused the ticket (unknown, used, revoked, or the attaching connection holds
     /// buffers of its own).
@@ -107,12 +115,18 @@ pub struct RemoteCopyRequest {
     pub src: RpcTensor,
     /// Byte offset of the region inside `src`.
     pub src_offset: u64,
-    /// Bytes to copy.
+    /// Bytes per row (all of them when `n_copies` is 1).
     pub size: u64,
+    /// Rows (1: a contiguous region).
+    pub n_copies: u64,
+    /// Distance between rows inside `src`.
+    pub src_stride: u64,
     /// Destination tensor, in the address space of the client's connection to B.
     pub dst: RpcTensor,
     /// Byte offset of the region inside `dst`.
     pub dst_offset: u64,
+    /// Distance between rows inside `dst`.
+    pub dst_stride: u64,
     /// B's ticket for the destination region (REMOTE_COPY_EXPECT).
     pub ticket: u64,
     /// B's `host:port`, NUL padded.
@@ -121,7 +135,12 @@ pub struct RemoteCopyRequest {
 
 impl RemoteCopyRequest {
     /// Encoded size.
-    pub const SIZE: usize = 2 * RPC_TENSOR_SIZE + 4 * 8 + ENDPOINT_SIZE;
+    pub const SIZE: usize = 2 * RPC_TENSOR_SIZE + 7 * 8 + ENDPOINT_SIZE;
+
+    /// Bytes copied (`size · n_copies`), `None` on overflow.
+    pub fn total(&self) -> Option<u64> {
+        self.size.checked_mul(self.n_copies)
+    }
 
     /// The endpoint up to the first NUL, `None` when it is not UTF-8.
     pub fn endpoint_str(&self) -> Option<&str> {
@@ -145,8 +164,11 @@ impl RemoteCopyRequest {
         let (input, src) = RpcTensor::parse(input)?;
         let (input, src_offset) = le_u64(input)?;
         let (input, size) = le_u64(input)?;
+        let (input, n_copies) = le_u64(input)?;
+        let (input, src_stride) = le_u64(input)?;
         let (input, dst) = RpcTensor::parse(input)?;
         let (input, dst_offset) = le_u64(input)?;
+        let (input, dst_stride) = le_u64(input)?;
         let (input, ticket) = le_u64(input)?;
         let (input, field) = take(ENDPOINT_SIZE)(input)?;
         let mut endpoint = [0u8; ENDPOINT_SIZE];
@@ -157,8 +179,11 @@ impl RemoteCopyRequest {
                 src,
                 src_offset,
                 size,
+                n_copies,
+                src_stride,
                 dst,
                 dst_offset,
+                dst_stride,
                 ticket,
                 endpoint,
             },
@@ -170,8 +195,11 @@ impl RemoteCopyRequest {
         self.src.encode(out);
         out.put_u64_le(self.src_offset);
         out.put_u64_le(self.size);
+        out.put_u64_le(self.n_copies);
+        out.put_u64_le(self.src_stride);
         self.dst.encode(out);
         out.put_u64_le(self.dst_offset);
+        out.put_u64_le(self.dst_stride);
         out.put_u64_le(self.ticket);
         out.put_slice(&self.endpoint);
     }
@@ -199,6 +227,6 @@ mod tests {
         assert!(field[14..].iter().all(|&b| b == 0));
         assert!(RemoteCopyRequest::endpoint_field(&"x".repeat(64)).is_none());
         assert!(RemoteCopyRequest::endpoint_field("a\0b").is_none());
-        assert_eq!(RemoteCopyRequest::SIZE, 688);
+        assert_eq!(RemoteCopyRequest::SIZE, 712);
     }
 }

@@ -259,15 +259,9 @@ pub enum Request {
         /// Extension bits ([`super::extension`]).
         wanted: u64,
     },
-    /// REMOTE_COPY_EXPECT (ours, `0xF1`): a ticket for a destination region.
-    RemoteCopyExpect {
-        /// Destination tensor.
-        tensor: Box<RpcTensor>,
-        /// Byte offset inside it.
-        offset: u64,
-        /// Bytes that will be written.
-        size: u64,
-    },
+    /// REMOTE_COPY_EXPECT (ours, `0xF1`): a ticket for a destination region (`n_copies` rows
+    /// of `size` bytes, `stride` apart, from `offset`; GET_TENSOR_2D's layout).
+    RemoteCopyExpect(Box<Tensor2dHeader>),
     /// REMOTE_COPY_ATTACH (ours, `0xF2`): attach this connection to a ticket for the region
     /// it is about to write.
     RemoteCopyAttach {
@@ -277,8 +271,12 @@ pub enum Request {
         buffer: u64,
         /// First address of the region (`dst.data + dst_offset`).
         start: u64,
-        /// Bytes of the region.
-        len: u64,
+        /// Bytes per row.
+        size: u64,
+        /// Rows.
+        n_copies: u64,
+        /// Distance between rows.
+        stride: u64,
     },
     /// REMOTE_COPY_TENSOR (ours, `0xF3`): push a region to another server.
     RemoteCopyTensor(Box<RemoteCopyRequest>),
@@ -672,31 +670,25 @@ impl Request {
             Command::Extensions => Request::Extensions {
                 wanted: run(command, p, le_u64)?,
             },
-            Command::RemoteCopyExpect => run(command, p, |i| {
-                let (i, tensor) = boxed_tensor(i)?;
-                let (i, offset) = le_u64(i)?;
-                let (i, size) = le_u64(i)?;
-                Ok((
-                    i,
-                    Request::RemoteCopyExpect {
-                        tensor,
-                        offset,
-                        size,
-                    },
-                ))
-            })?,
+            Command::RemoteCopyExpect => {
+                Request::RemoteCopyExpect(Box::new(run(command, p, Tensor2dHeader::parse)?))
+            }
             Command::RemoteCopyAttach => run(command, p, |i| {
                 let (i, ticket) = le_u64(i)?;
                 let (i, buffer) = le_u64(i)?;
                 let (i, start) = le_u64(i)?;
-                let (i, len) = le_u64(i)?;
+                let (i, size) = le_u64(i)?;
+                let (i, n_copies) = le_u64(i)?;
+                let (i, stride) = le_u64(i)?;
                 Ok((
                     i,
                     Request::RemoteCopyAttach {
                         ticket,
                         buffer,
                         start,
-                        len,
+                        size,
+                        n_copies,
+                        stride,
                     },
                 ))
             })?,
@@ -816,21 +808,15 @@ impl Request {
                 ticket,
                 buffer,
                 start,
-                len,
+                size,
+                n_copies,
+                stride,
             } => {
-                for v in [ticket, buffer, start, len] {
+                for v in [ticket, buffer, start, size, n_copies, stride] {
                     out.put_u64_le(*v);
                 }
             }
-            Request::RemoteCopyExpect {
-                tensor,
-                offset,
-                size,
-            } => {
-                tensor.encode(out);
-                out.put_u64_le(*offset);
-                out.put_u64_le(*size);
-            }
+            Request::RemoteCopyExpect(header) => header.encode(out),
             Request::RemoteCopyTensor(request) => request.encode(out),
         }
         Ok(())

@@ -273,26 +273,52 @@ fn extension_requests() -> Vec<RequestCase> {
         ("extensions", EXTENSION_SPEC, "EXTENSIONS (0xF0): the client wants bit 0, remote copy",
             Request::Extensions { wanted: EXTENSION_REMOTE_COPY }),
         ("remote_copy_expect", EXTENSION_SPEC,
-            "REMOTE_COPY_EXPECT (0xF1) on server B: a ticket for 512 bytes at offset 256 of dst",
-            Request::RemoteCopyExpect { tensor: boxed(dst.clone()), offset: 256, size: 512 }),
+            "REMOTE_COPY_EXPECT (0xF1) on server B: a ticket for 512 bytes at offset 256 of dst (one row: the stride is ignored)",
+            Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+                tensor: dst.clone(), offset: 256, size: 512, n_copies: 1, stride: 0,
+            }))),
+        ("remote_copy_expect_rows", EXTENSION_SPEC,
+            "REMOTE_COPY_EXPECT (0xF1) for 4 rows of 64 bytes, 128 bytes apart, from offset 32 of dst",
+            Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+                tensor: dst.clone(), offset: 32, size: 64, n_copies: 4, stride: 128,
+            }))),
         ("remote_copy_attach", EXTENSION_SPEC,
-            "REMOTE_COPY_ATTACH (0xF2) from server A to B: ticket, buffer, start = data + offset, length",
+            "REMOTE_COPY_ATTACH (0xF2) from server A to B: ticket, buffer, start = data + offset, size, one row (stride 0)",
             Request::RemoteCopyAttach {
                 ticket: 0x5eed_0f7e_a11c_0de5,
                 buffer: RAW_BUFFER_2,
                 start: RAW_BASE_2 + 256,
-                len: 512,
+                size: 512,
+                n_copies: 1,
+                stride: 0,
             }),
         ("remote_copy_tensor", EXTENSION_SPEC,
             "REMOTE_COPY_TENSOR (0xF3) to server A: 512 bytes of src at 0 to dst at 256 on 10.0.0.2:50052",
             Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
-                src,
+                src: src.clone(),
                 src_offset: 0,
                 size: 512,
-                dst,
+                n_copies: 1,
+                src_stride: 0,
+                dst: dst.clone(),
                 dst_offset: 256,
+                dst_stride: 0,
                 ticket: 0x5eed_0f7e_a11c_0de5,
                 endpoint: RemoteCopyRequest::endpoint_field("10.0.0.2:50052").expect("fits"),
+            }))),
+        ("remote_copy_tensor_rows", EXTENSION_SPEC,
+            "REMOTE_COPY_TENSOR (0xF3) of 4 rows of 64 bytes: 256 bytes apart in src, 128 apart from offset 32 in dst (sent to B as one SET_TENSOR_2D)",
+            Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
+                src,
+                src_offset: 0,
+                size: 64,
+                n_copies: 4,
+                src_stride: 256,
+                dst,
+                dst_offset: 32,
+                dst_stride: 128,
+                ticket: 0x5eed_0f7e_a11c_0de5,
+                endpoint: RemoteCopyRequest::endpoint_field("b.example:50052").expect("fits"),
             }))),
     ]
 }
@@ -447,7 +473,7 @@ fn responses(version: ProtocolVersion) -> Vec<ResponseCase> {
         .into_iter()
         .map(|case| case.3)
         .collect();
-    let [extensions, expect, attach, copy] = <[Request; 4]>::try_from(requests).expect("four");
+    let [extensions, expect, _, attach, copy, _] = <[Request; 6]>::try_from(requests).expect("six");
     cases.extend([
         (
             "extensions_granted",

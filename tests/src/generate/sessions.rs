@@ -615,8 +615,11 @@ fn protocol_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
         src: RpcTensor::default(),
         src_offset: 0,
         size: 0,
+        n_copies: 1,
+        src_stride: 0,
         dst: RpcTensor::default(),
         dst_offset: 0,
+        dst_stride: 0,
         ticket: 1,
         endpoint: [0; proto_core::wire::ENDPOINT_SIZE],
     }));
