@@ -19,7 +19,7 @@ use proto_core::ggml::{flags as tflags, types::id, GgmlTable, Op};
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{
     AllocSizeRequest, CommInitRequest, Command, Dialect, ProtocolVersion, Request, Response,
-    RpcTensor, SetTensorHeader, Tensor2dHeader,
+    RemoteCopyRequest, RpcTensor, SetTensorHeader, Tensor2dHeader, EXTENSION_REMOTE_COPY,
 };
 use proto_core_fuzz::boot::{BootInput, Garbage};
 use proto_core_fuzz::client::{ClientInput, RequestShape};
@@ -200,6 +200,50 @@ fn server_seeds(seeds: &mut Seeds) {
     c.send(&Request::CommAllreduce { device: 0, tensor: Box::new(f32_tensor(1, buffer, base, 64)) });
     c.send(&Request::CommFree { device: 0 });
     seeds.write("server_session", "v8_comm_init_allreduce_free", &c.seed(Splits::default()));
+
+    // Our remote-copy extension: negotiated, a ticket, a copy (its peer is unreachable in the
+    // harness), an attach refused (this connection holds buffers).
+    let mut c = Conversation::new(flag::V8);
+    let granted = c.send(&Request::Extensions { wanted: EXTENSION_REMOTE_COPY });
+    assert_eq!(granted[8], 1);
+    let (buffer, base) = c.alloc(4096);
+    let tensor = f32_tensor(1, buffer, base, 1024);
+    let expect = c.send(&Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+        tensor: tensor.clone(),
+        offset: 0,
+        size: 4096,
+        n_copies: 1,
+        stride: 0,
+    })));
+    assert_eq!(expect[8], 0);
+    // Tickets are random: the seed uses a fixed one (the copy fails before B sees it).
+    let ticket = 1;
+    let copy = c.send(&Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
+        src: tensor.clone(),
+        src_offset: 0,
+        size: 1024,
+        n_copies: 4,
+        src_stride: 1024,
+        dst: tensor,
+        dst_offset: 0,
+        dst_stride: 1024,
+        ticket,
+        endpoint: RemoteCopyRequest::endpoint_field("127.0.0.1:50052").unwrap(),
+    })));
+    assert_eq!(copy[8], 2);
+    let attach =
+        c.send(&Request::RemoteCopyAttach { ticket, buffer, start: base, size: 4096, n_copies: 1, stride: 0 });
+    assert_eq!(attach[8], 6);
+    seeds.write("server_session", "v8_remote_copy", &c.seed(Splits::default()));
+    // The extension's ids without EXTENSIONS.
+    let mut c = Conversation::new(flag::V8);
+    c.send_bytes(
+        &Request::RemoteCopyAttach { ticket: 1, buffer: 1, start: 0, size: 0, n_copies: 1, stride: 0 }
+            .to_frame(Dialect::V8)
+            .unwrap(),
+    );
+    assert!(c.harness.failed());
+    seeds.write("server_session", "v8_remote_copy_not_negotiated", &c.seed(Splits::default()));
 
     // A quota hit.
     let mut c = Conversation::new(flag::V8 | flag::QUOTA);

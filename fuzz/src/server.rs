@@ -189,6 +189,8 @@ impl Harness {
             [MAX_DATA_CHUNK, 1, 13, 4096][usize::from((flags >> flag::CHUNK_SHIFT) & 3)];
         let backend = Arc::new(MemoryBackend::new(2, DEVICE_CAPACITY));
         let mut config = DispatcherConfig::new(version);
+        // Our remote-copy extension is offered, so EXTENSIONS and ids 0xF1-0xF3 are reachable.
+        config.remote_copy = Some(Arc::new(proto_core::dispatch::TicketBoard::new()));
         if flags & flag::CACHE != 0 {
             config.tensor_cache = Some(Arc::new(MemoryTensorCache::default()));
         }
@@ -309,6 +311,13 @@ impl Harness {
                     }
                 }
                 Action::Comm(CommWork::Allreduce { .. } | CommWork::Free { .. }) => {}
+                // No second server: a remote copy's peer is unreachable.
+                Action::Comm(CommWork::RemoteCopy(_)) => {
+                    let unreachable = proto_core::wire::RemoteCopyStatus::PeerUnreachable;
+                    if let Err(error) = self.conn.remote_copy_done(unreachable) {
+                        panic!("REMOTE_COPY_TENSOR's answer does not fit the session: {error}");
+                    }
+                }
                 Action::Offload | Action::SendInPlace => {
                     unreachable!("not on Place::Blocking without direct I/O")
                 }

@@ -36,10 +36,15 @@ pub async fn probe(client: &mut Client) -> anyhow::Result<Vec<DeviceReport>> {
 pub fn render(endpoint: &str, client: &Client, devices: &[DeviceReport]) -> String {
     let mut out = String::new();
     let flags = client.server_flags();
-    let flag_text = if client.server_has_tensor_cache() {
+    let cache_text = if client.server_has_tensor_cache() {
         "tensor cache"
     } else {
         "no tensor cache"
+    };
+    let flag_text = if client.offers_extensions() {
+        format!("{cache_text}, extensions")
+    } else {
+        cache_text.to_owned()
     };
     let _ = writeln!(out, "endpoint  : {endpoint} ({})", client.peer_addr());
     let table = client.server_table();

@@ -71,7 +71,7 @@ fn probe_detects_the_protocol_and_lists_devices() {
             "{stdout}"
         );
         assert!(
-            stdout.contains("flags     : 0x00 (no tensor cache)"),
+            stdout.contains("flags     : 0x80 (no tensor cache, extensions)"),
             "{stdout}"
         );
         assert!(stdout.contains("devices   : 2\n"), "{stdout}");

@@ -54,6 +54,8 @@ pub struct Client {
     session: ClientSession,
     hello: ServerHello,
     peer: SocketAddr,
+    /// Extension bits the server granted (EXTENSIONS, ours); 0 until asked.
+    pub(crate) extensions: u64,
 }
 
 impl Client {
@@ -112,6 +114,7 @@ impl Client {
             session,
             hello,
             peer,
+            extensions: 0,
         })
     }
 

@@ -16,6 +16,13 @@ pub enum ClientError {
     /// The server closed the connection, usually because it rejected the last request.
     #[error("the server closed the connection")]
     Closed,
+    /// A remote copy (our extension) was refused with this status; unlike the other errors,
+    /// both connections stay usable.
+    #[error("remote copy refused: {0:?}")]
+    RemoteCopy(proto_core::wire::RemoteCopyStatus),
+    /// A direct copy was asked for, but a server does not offer the remote-copy extension.
+    #[error("a server does not offer the remote-copy extension")]
+    RemoteCopyUnavailable,
 }
 
 impl ClientError {

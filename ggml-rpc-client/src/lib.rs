@@ -94,10 +94,12 @@
 
 pub mod client;
 pub mod error;
+pub mod remote_copy;
 mod transport;
 
 pub use client::{Client, RemoteBuffer};
 pub use error::ClientError;
+pub use remote_copy::{copy_between_servers, copy_rows_between_servers, CopyMode, CopyPath};
 
 /// The sans-IO protocol core, for the types the client's methods take and return (requests,
 /// responses, tensor records, graphs).

@@ -71,6 +71,17 @@ pub struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = CommPeers::parse_entry)]
     pub comm_peers: Option<Vec<ipnet::IpNet>>,
 
+    /// A server REMOTE_COPY_TENSOR (our extension) may push tensors to, as HOST:PORT,
+    /// resolved once at start-up (repeatable). None by default: every remote copy is refused,
+    /// so a client cannot make this server connect anywhere.
+    #[arg(long = "peer", value_name = "HOST:PORT")]
+    pub peers: Vec<String>,
+
+    /// Do not offer our extensions (HELLO flags bit 7): the server then behaves exactly as
+    /// llama.cpp's on the wire.
+    #[arg(long)]
+    pub no_extensions: bool,
+
     /// Most clients served at once; further connections are closed immediately.
     #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
     pub max_clients: usize,

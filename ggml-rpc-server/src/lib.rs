@@ -107,6 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .comm_peers
         .clone()
         .map_or_else(shell_common::CommPeers::any, shell_common::CommPeers::only);
+    config.remote_copy = !args.no_extensions;
+    config.peers = shell_common::PeerAllowList::resolve(&args.peers)
+        .context("cannot resolve a --peer address")?;
     // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
     config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
 

@@ -25,7 +25,7 @@ use proto_core::session::GraphSubmission;
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{
     CommInitRequest, Dialect, GraphComputeRequest, ProtocolVersion, Request, RpcTensor,
-    SetTensorHeader,
+    SetTensorHeader, HELLO_FLAG_EXTENSIONS,
 };
 use shell_common::FsTensorCache;
 use tokio::io::AsyncWriteExt;
@@ -98,7 +98,8 @@ async fn device_queries_in_both_dialects(shell: &'static str) {
         let server = TestServer::start(shell, ServerConfig::new(version));
         let mut client = server.client(version).await;
         assert_eq!(client.server_version(), version);
-        assert_eq!(client.server_flags(), 0);
+        // Bit 7: our extensions (remote copy), offered by default.
+        assert_eq!(client.server_flags(), HELLO_FLAG_EXTENSIONS);
         assert!(!client.server_has_tensor_cache());
         assert_eq!(client.device_count().await.unwrap(), 1);
         assert_eq!(client.alignment(0).await.unwrap(), 32);
@@ -391,7 +392,7 @@ async fn tensor_cache_directory_serves_set_tensor_hash(shell: &'static str) {
 
     let mut first = server.client(ProtocolVersion::V8_0_0).await;
     assert!(first.server_has_tensor_cache());
-    assert_eq!(first.server_flags(), 1);
+    assert_eq!(first.server_flags(), 1 | HELLO_FLAG_EXTENSIONS);
     let buffer = first.alloc_buffer(0, 1 << 20).await.unwrap().unwrap();
     let base = first.buffer_base(buffer.handle).await.unwrap();
     let tensor = bytes_tensor(1, buffer.handle, base, 1 << 20);

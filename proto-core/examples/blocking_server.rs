@@ -71,6 +71,11 @@ fn serve(
             Action::Comm(CommWork::Init(request)) => conn
                 .comm_init_done(request.device, false)
                 .map_err(io::Error::other)?,
+            // No server-to-server sockets here: a remote copy's peer is unreachable (only
+            // offered with `DispatcherConfig::remote_copy`, which this example leaves off).
+            Action::Comm(CommWork::RemoteCopy(_)) => conn
+                .remote_copy_done(proto_core::wire::RemoteCopyStatus::PeerUnreachable)
+                .map_err(io::Error::other)?,
             Action::Comm(_) => {}
             Action::SendInPlace => {
                 // Straight from backend memory to the socket.

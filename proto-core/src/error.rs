@@ -27,6 +27,13 @@ pub enum Error {
         /// The command id.
         id: u8,
     },
+    /// One of our private extension ids on a connection that did not negotiate it
+    /// (EXTENSIONS).
+    #[error("extension command id {id:#04x} was not negotiated on this connection")]
+    ExtensionNotNegotiated {
+        /// The command id.
+        id: u8,
+    },
     /// A fixed-size request whose size field differs from the command's size.
     #[error("{command:?}: request size {got}, expected {expected}")]
     RequestSizeMismatch {
@@ -202,6 +209,8 @@ pub enum ErrorKind {
     DuplicateHello,
     /// [`Error::UnknownCommand`]
     UnknownCommand,
+    /// [`Error::ExtensionNotNegotiated`]
+    ExtensionNotNegotiated,
     /// [`Error::RequestSizeMismatch`]
     RequestSizeMismatch,
     /// [`Error::RequestTooShort`]
@@ -252,7 +261,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// All kinds, for tables and exhaustive tests.
-    pub const ALL: [ErrorKind; 26] = [
+    pub const ALL: [ErrorKind; 27] = [
         ErrorKind::HelloExpected,
         ErrorKind::DuplicateHello,
         ErrorKind::UnknownCommand,
@@ -279,6 +288,7 @@ impl ErrorKind {
         ErrorKind::Closed,
         ErrorKind::Comm,
         ErrorKind::Backend,
+        ErrorKind::ExtensionNotNegotiated,
     ];
 
     /// The snake_case name used in test vectors (`"request_size_mismatch"`, ...).
@@ -287,6 +297,7 @@ impl ErrorKind {
             ErrorKind::HelloExpected => "hello_expected",
             ErrorKind::DuplicateHello => "duplicate_hello",
             ErrorKind::UnknownCommand => "unknown_command",
+            ErrorKind::ExtensionNotNegotiated => "extension_not_negotiated",
             ErrorKind::RequestSizeMismatch => "request_size_mismatch",
             ErrorKind::RequestTooShort => "request_too_short",
             ErrorKind::MessageTooLarge => "message_too_large",
@@ -334,6 +345,7 @@ impl Error {
             Error::HelloExpected { .. } => ErrorKind::HelloExpected,
             Error::DuplicateHello => ErrorKind::DuplicateHello,
             Error::UnknownCommand { .. } => ErrorKind::UnknownCommand,
+            Error::ExtensionNotNegotiated { .. } => ErrorKind::ExtensionNotNegotiated,
             Error::RequestSizeMismatch { .. } => ErrorKind::RequestSizeMismatch,
             Error::RequestTooShort { .. } => ErrorKind::RequestTooShort,
             Error::MessageTooLarge { .. } => ErrorKind::MessageTooLarge,

@@ -193,6 +193,10 @@ impl<B: Backend + ?Sized> Pair<B> {
                     self.server.comm_init_done(request.device, false)?
                 }
                 Action::Comm(CommWork::Allreduce { .. } | CommWork::Free { .. }) => {}
+                // No second server in memory: the peer cannot be reached.
+                Action::Comm(CommWork::RemoteCopy(_)) => self
+                    .server
+                    .remote_copy_done(crate::wire::RemoteCopyStatus::PeerUnreachable)?,
                 Action::SendInPlace => {
                     let want = 1 + self.rng.below(5 << 20);
                     let mut out = Vec::new();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proto_core::backend::Backend;
 use proto_core::comm::LinkVariant;
-use proto_core::dispatch::DispatcherConfig;
+use proto_core::dispatch::{DispatcherConfig, TicketBoard};
 use proto_core::driver::Connection;
 use proto_core::graph::GraphLimits;
 use proto_core::session::ServerSessionConfig;
@@ -14,6 +14,7 @@ use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
 use crate::comm_link::{CommLinks, CommPeers, CommSettings};
+use crate::remote_copy::PeerAllowList;
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 64;
@@ -58,6 +59,11 @@ pub struct ServerConfig {
     /// How long a shutdown waits for open connections to finish their current command before
     /// they are dropped.
     pub shutdown_grace: Duration,
+    /// Whether to offer our remote-copy extension (HELLO flags bit 7, EXTENSIONS; default on:
+    /// as a destination it needs nothing else, as a source it needs [`peers`](Self::peers)).
+    pub remote_copy: bool,
+    /// Where REMOTE_COPY_TENSOR may push to (`--peer HOST:PORT`; default none: refused).
+    pub peers: PeerAllowList,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -74,6 +80,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("backend_communicator", &self.backend_communicator)
             .field("comm_peers", &self.comm_peers)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("remote_copy", &self.remote_copy)
+            .field("peers", &self.peers)
             .finish()
     }
 }
@@ -96,6 +104,8 @@ impl ServerConfig {
             backend_communicator: true,
             comm_peers: CommPeers::any(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            remote_copy: true,
+            peers: PeerAllowList::none(),
         }
     }
 
@@ -115,6 +125,8 @@ impl ServerConfig {
         dispatcher.memory_quota = self.memory_quota;
         dispatcher.graph_limits = self.graph_limits;
         dispatcher.tensor_cache = self.tensor_cache.clone();
+        // One ticket board per server: every connection of it shares this config.
+        dispatcher.remote_copy = self.remote_copy.then(|| Arc::new(TicketBoard::new()));
         Ok(ConnectionConfig {
             session,
             dispatcher,
@@ -123,6 +135,7 @@ impl ServerConfig {
                 backend_communicator: self.backend_communicator,
                 timeout: self.comm_timeout,
                 peers: self.comm_peers.clone(),
+                copy_peers: Arc::new(self.peers.clone()),
             },
         })
     }

@@ -7,6 +7,8 @@
 //!   dispatcher settings of one connection).
 //! * [`comm_link`]: [`CommLinks`], the server-to-server link every shell runs (blocking
 //!   `std::net`, off the event loop).
+//! * [`remote_copy`]: the source side of our remote-copy extension ([`PeerAllowList`],
+//!   `push`: server A writing a region to server B as its client, off the event loop).
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files.
 //! * [`direct`]: one non-blocking socket call on lent backend memory and what it came to
 //!   (the zero-copy tensor data path).
@@ -25,6 +27,7 @@ pub mod comm_link;
 pub mod config;
 pub mod direct;
 pub mod low_water;
+pub mod remote_copy;
 pub mod same_host;
 pub mod shell;
 pub mod vectored;
@@ -37,5 +40,6 @@ pub use config::{
 };
 pub use direct::Direct;
 pub use low_water::LowWater;
+pub use remote_copy::PeerAllowList;
 pub use same_host::{set_tuning, tune_for_peer, tune_or_log};
 pub use vectored::SendQueue;

@@ -134,7 +134,9 @@ fn check_request_frame(v: &Vector) -> Result<(), String> {
     let bytes = hex::decode(require(&v.hex, "hex")?)?;
     check_command(
         v,
-        bytes.first().and_then(|&id| Command::from_id(id, dialect)),
+        bytes
+            .first()
+            .and_then(|&id| Command::from_id(id, dialect).or_else(|| Command::extension(id))),
     )?;
     let decoded = Request::from_frame(dialect, Bytes::from(bytes.clone()));
     let via_session = harness::server_decode(dialect, &bytes);
@@ -252,7 +254,7 @@ pub fn server_config(params: &ServerParams, dialect: Dialect) -> Result<ServerCo
 fn frame_command(dialect: Dialect, bytes: &[u8]) -> Option<&'static str> {
     bytes
         .first()
-        .and_then(|&id| Command::from_id(id, dialect))
+        .and_then(|&id| Command::from_id(id, dialect).or_else(|| Command::extension(id)))
         .map(command_name)
 }
 

@@ -40,6 +40,10 @@ pub fn command_name(command: Command) -> &'static str {
         Command::CommInit => "COMM_INIT",
         Command::CommAllreduce => "COMM_ALLREDUCE",
         Command::CommFree => "COMM_FREE",
+        Command::Extensions => "EXTENSIONS",
+        Command::RemoteCopyExpect => "REMOTE_COPY_EXPECT",
+        Command::RemoteCopyAttach => "REMOTE_COPY_ATTACH",
+        Command::RemoteCopyTensor => "REMOTE_COPY_TENSOR",
     }
 }
 
@@ -47,6 +51,7 @@ pub fn command_name(command: Command) -> &'static str {
 pub fn command_by_name(name: &str) -> Option<Command> {
     Command::ALL
         .into_iter()
+        .chain(Command::EXTENSIONS)
         .find(|&command| command_name(command) == name)
 }
 
@@ -211,6 +216,37 @@ pub fn request(request: &Request, dialect: Dialect) -> Value {
         Request::CommAllreduce { device, tensor: t } => {
             json!({ "device": device, "tensor": tensor(t) })
         }
+        Request::Extensions { wanted } => json!({ "wanted": u64_value(*wanted) }),
+        Request::RemoteCopyExpect(header) => Value::Object(tensor_2d(header)),
+        Request::RemoteCopyAttach {
+            ticket,
+            buffer,
+            start,
+            size,
+            n_copies,
+            stride,
+        } => json!({
+            "ticket": u64_value(*ticket),
+            "remote_ptr": u64_value(*buffer),
+            "start": u64_value(*start),
+            "size": u64_value(*size),
+            "n_copies": u64_value(*n_copies),
+            "stride": u64_value(*stride),
+        }),
+        Request::RemoteCopyTensor(req) => {
+            let mut out = Map::new();
+            out.insert("src".into(), tensor(&req.src));
+            out.insert("src_offset".into(), u64_value(req.src_offset));
+            out.insert("size".into(), u64_value(req.size));
+            out.insert("n_copies".into(), u64_value(req.n_copies));
+            out.insert("src_stride".into(), u64_value(req.src_stride));
+            out.insert("dst".into(), tensor(&req.dst));
+            out.insert("dst_offset".into(), u64_value(req.dst_offset));
+            out.insert("dst_stride".into(), u64_value(req.dst_stride));
+            out.insert("ticket".into(), u64_value(req.ticket));
+            text_field(&mut out, "endpoint", &req.endpoint);
+            Value::Object(out)
+        }
     }
 }
 
@@ -259,6 +295,13 @@ pub fn response(response: &Response) -> Value {
         }),
         Response::AllocSize(v) => json!({ "alloc_size": u64_value(*v) }),
         Response::CommInit(ok) => json!({ "ok": ok }),
+        Response::Extensions(granted) => json!({ "granted": u64_value(*granted) }),
+        Response::RemoteCopyExpect { status, ticket } => {
+            json!({ "status": status, "ticket": u64_value(*ticket) })
+        }
+        Response::RemoteCopyAttach(status) | Response::RemoteCopyTensor(status) => {
+            json!({ "status": status })
+        }
     }
 }
 
@@ -268,7 +311,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for command in Command::ALL {
+        for command in Command::ALL.into_iter().chain(Command::EXTENSIONS) {
             assert_eq!(command_by_name(command_name(command)), Some(command));
         }
         assert_eq!(command_by_name("NONE"), None);

@@ -98,6 +98,10 @@ impl ServerHarness {
                     self.conn.comm_init_done(request.device, false)?
                 }
                 Action::Comm(CommWork::Free { .. }) | Action::Offload => {}
+                // No second server: the peer cannot be reached.
+                Action::Comm(CommWork::RemoteCopy(_)) => self
+                    .conn
+                    .remote_copy_done(proto_core::wire::RemoteCopyStatus::PeerUnreachable)?,
                 Action::Comm(CommWork::Allreduce { .. }) | Action::SendInPlace => {
                     return Err(Error::InvalidState("the harness has no sockets"));
                 }
@@ -132,6 +136,24 @@ pub fn server_decode(dialect: Dialect, frame: &[u8]) -> Result<Option<Request>, 
             flags: 0,
             caps: [0; CONN_CAPS_SIZE],
         })?;
+    }
+    // Our extension's ids (0xF1-0xF3) are accepted once EXTENSIONS granted them.
+    if frame
+        .first()
+        .and_then(|&id| Command::extension(id))
+        .is_some_and(|c| c != Command::Extensions)
+    {
+        let wanted = proto_core::wire::EXTENSION_REMOTE_COPY;
+        session.handle_input(Request::Extensions { wanted }.to_frame(dialect)?);
+        match session.poll_event()? {
+            Some(ServerEvent::Request(Request::Extensions { .. })) => {}
+            other => {
+                return Err(Error::Backend(format!(
+                    "EXTENSIONS not accepted: {other:?}"
+                )))
+            }
+        }
+        session.send_response(&Response::Extensions(wanted))?;
     }
     session.handle_input(Bytes::copy_from_slice(frame));
     let mut write: Option<(TensorWrite, Vec<u8>)> = None;

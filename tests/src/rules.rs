@@ -64,6 +64,8 @@ pub const RULES: &[Rule] = &[
         "a client receives bytes only in answer to a request that has a response"),
     rule("hello_first", S, K::HelloExpected, "§2.5 step 2",
         "the first command must be HELLO"),
+    rule("extension_negotiated", S, K::ExtensionNotNegotiated, "§2.5 step 7 (ours: ids 0xF1-0xF3)",
+        "our private remote-copy ids close a connection that did not negotiate them with EXTENSIONS"),
     rule("hello_once", S, K::DuplicateHello, "§2.5 step 7, §5.1",
         "a second HELLO closes the connection"),
     rule("device_index", S, K::InvalidDevice, "§4.2",

@@ -100,9 +100,11 @@ fn exercise(
 }
 
 /// HELLO byte 3: llama.cpp 7.0.0 and 8.0.0 always send 0 (padding); our server sends the
-/// newest upstream's "tensor cache" flag (0x01) when it has a cache. Reference 7.0.0/8.0.0
-/// clients ignore the byte (interop_llama_client.rs runs them against our server with a cache),
-/// so this documented difference is checked on its own instead of failing the comparison.
+/// newest upstream's "tensor cache" flag (0x01) when it has a cache, and our extensions bit
+/// (0x80, `proto_core::wire::HELLO_FLAG_EXTENSIONS`) unless started with `--no-extensions`.
+/// Reference 7.0.0/8.0.0 clients ignore the byte (interop_llama_client.rs runs them against
+/// our server with a cache and the extensions bit), so this documented difference is checked
+/// on its own instead of failing the comparison.
 const HELLO_FLAGS: &str = "hello flags";
 
 fn assert_same_facts(theirs: &Facts, ours: &Facts, what: &str) {
@@ -111,11 +113,11 @@ fn assert_same_facts(theirs: &Facts, ours: &Facts, what: &str) {
         Some("0"),
         "{what}: llama.cpp's HELLO byte 3"
     );
-    // 0 (as llama.cpp 7.0.0/8.0.0) or the cache flag 0x01 (as the newest upstream); any
-    // other bit would be undefined.
+    // 0 (as llama.cpp 7.0.0/8.0.0), the cache flag 0x01 (as the newest upstream) and our
+    // extensions bit 0x80; any other bit would be undefined.
     let flags = ours.get(HELLO_FLAGS).map(String::as_str);
     assert!(
-        matches!(flags, Some("0" | "1")),
+        matches!(flags, Some("0" | "1" | "128" | "129")),
         "{what}: our HELLO byte 3 with a tensor cache is {flags:?}"
     );
     let strip = |facts: &Facts| {

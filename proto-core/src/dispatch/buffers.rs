@@ -140,6 +140,23 @@ impl BufferTable {
         self.entries.drain().map(|(_, entry)| entry)
     }
 
+    /// Lends another connection's buffer to this one under the same handle (an attached
+    /// remote copy, [`super::remote_copy`]); it is not counted in
+    /// [`total_bytes`](Self::total_bytes) and must be taken out with
+    /// [`forget_borrowed`](Self::forget_borrowed), never freed. `false` if the handle is taken.
+    pub fn insert_borrowed(&mut self, handle: u64, entry: BufferEntry) -> bool {
+        if self.entries.contains_key(&handle) {
+            return false;
+        }
+        self.entries.insert(handle, entry);
+        true
+    }
+
+    /// Takes a borrowed buffer out of the table without freeing it.
+    pub fn forget_borrowed(&mut self, handle: u64) {
+        self.entries.remove(&handle);
+    }
+
     /// Bytes held by this connection's buffers.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes

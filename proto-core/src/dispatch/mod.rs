@@ -7,6 +7,7 @@
 
 pub mod buffers;
 pub mod graph_cache;
+pub mod remote_copy;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,12 +21,15 @@ use crate::graph::{Graph, GraphLimits};
 use crate::session::{ServerEvent, TensorWrite};
 use crate::tensor_cache::{CacheWriter, Fnv1a64, TensorCache};
 use crate::wire::{
-    CommInitRequest, Command, ConnCaps, Dialect, ProtocolVersion, Request, Response, RpcTensor,
-    Tensor2dHeader, HELLO_FLAG_TENSOR_CACHE,
+    CommInitRequest, Command, ConnCaps, Dialect, ProtocolVersion, RemoteCopyRequest,
+    RemoteCopyStatus, Request, Response, RpcTensor, Tensor2dHeader, EXTENSION_REMOTE_COPY,
+    HELLO_FLAG_EXTENSIONS, HELLO_FLAG_TENSOR_CACHE,
 };
+use remote_copy::{CopyShape, Grant};
 
 pub use buffers::{BufferEntry, BufferTable, RegionStart};
 pub use graph_cache::GraphCache;
+pub use remote_copy::TicketBoard;
 
 /// Settings of a dispatcher (one per connection, usually cloned from the server's).
 #[derive(Clone)]
@@ -40,6 +44,10 @@ pub struct DispatcherConfig {
     pub graph_limits: GraphLimits,
     /// The tensor cache (`-c`), announced by HELLO flag bit 0.
     pub tensor_cache: Option<Arc<dyn TensorCache>>,
+    /// The remote-copy extension (ours, [`crate::wire::extension`]): the server's ticket
+    /// board, shared by all its connections. `None`: not offered (HELLO bit 7 clear,
+    /// EXTENSIONS grants nothing).
+    pub remote_copy: Option<Arc<TicketBoard>>,
 }
 
 impl std::fmt::Debug for DispatcherConfig {
@@ -49,6 +57,7 @@ impl std::fmt::Debug for DispatcherConfig {
             .field("memory_quota", &self.memory_quota)
             .field("graph_limits", &self.graph_limits)
             .field("tensor_cache", &self.tensor_cache.is_some())
+            .field("remote_copy", &self.remote_copy.is_some())
             .finish()
     }
 }
@@ -62,6 +71,7 @@ impl DispatcherConfig {
             memory_quota: None,
             graph_limits: GraphLimits::default(),
             tensor_cache: None,
+            remote_copy: None,
         }
     }
 }
@@ -93,6 +103,18 @@ pub enum Outcome {
     },
     /// Send a large reply piece by piece (see [`TensorReadStream`]).
     RespondStream(TensorReadStream),
+    /// Push a checked source region to another server (REMOTE_COPY_TENSOR; it needs
+    /// sockets), then answer with [`Response::RemoteCopyTensor`].
+    RemoteCopy(Box<RemoteCopyWork>),
+}
+
+/// A REMOTE_COPY_TENSOR whose source region was checked: what the shell pushes to server B.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteCopyWork {
+    /// The source region's first byte in this server's backend.
+    pub src: TensorLocation,
+    /// The request (destination tensor, offset, ticket, B's endpoint).
+    pub request: RemoteCopyRequest,
 }
 
 /// Largest GET_TENSOR / GET_TENSOR_2D reply built in one piece; larger replies are streamed in
@@ -198,6 +220,11 @@ pub struct Dispatcher<B: Backend + ?Sized> {
     graphs: GraphCache,
     stream: Option<StreamedWrite>,
     communicators: HashSet<u32>,
+    /// The ticket this connection issued (REMOTE_COPY_EXPECT) and its buffer handle.
+    ticket: Option<(u64, u64)>,
+    /// The grant this connection attached to (REMOTE_COPY_ATTACH) and whether its one write
+    /// began.
+    attached: Option<(Grant, bool)>,
 }
 
 impl<B: Backend + ?Sized> Dispatcher<B> {
@@ -217,6 +244,8 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             graphs: GraphCache::new(dialect),
             stream: None,
             communicators: HashSet::new(),
+            ticket: None,
+            attached: None,
         })
     }
 
@@ -267,18 +296,74 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
 
     fn request(&mut self, request: Request) -> Result<Outcome> {
         let respond = |r| Ok(Outcome::Respond(r));
+        if self.attached.is_some() && !matches!(request, Request::DeviceCount) {
+            return Err(Error::InvalidState(
+                "an attached remote-copy connection may only write its region",
+            ));
+        }
         match request {
             Request::Hello { .. } => {
-                let cache_flag = if self.config.tensor_cache.is_some() {
-                    HELLO_FLAG_TENSOR_CACHE
+                let mut flags = 0;
+                if self.config.tensor_cache.is_some() {
+                    flags |= HELLO_FLAG_TENSOR_CACHE;
+                }
+                if self.config.remote_copy.is_some() {
+                    flags |= HELLO_FLAG_EXTENSIONS;
+                }
+                respond(Response::Hello {
+                    version: self.config.version,
+                    flags,
+                    caps: self.config.caps,
+                })
+            }
+            Request::Extensions { wanted } => {
+                let offered = if self.config.remote_copy.is_some() {
+                    EXTENSION_REMOTE_COPY
                 } else {
                     0
                 };
-                respond(Response::Hello {
-                    version: self.config.version,
-                    flags: cache_flag,
-                    caps: self.config.caps,
+                respond(Response::Extensions(wanted & offered))
+            }
+            Request::RemoteCopyExpect(header) => {
+                self.sync_devices();
+                let (status, ticket) = self.remote_copy_expect(&header);
+                respond(Response::RemoteCopyExpect {
+                    status: status.byte(),
+                    ticket,
                 })
+            }
+            Request::RemoteCopyAttach {
+                ticket,
+                buffer,
+                start,
+                size,
+                n_copies,
+                stride,
+            } => respond(Response::RemoteCopyAttach(
+                self.remote_copy_attach(
+                    ticket,
+                    CopyShape::new(buffer, start, size, n_copies, stride),
+                )
+                .byte(),
+            )),
+            Request::RemoteCopyTensor(request) => {
+                self.sync_devices();
+                let src = Tensor2dHeader {
+                    tensor: request.src.clone(),
+                    offset: request.src_offset,
+                    size: request.size,
+                    n_copies: request.n_copies,
+                    stride: request.src_stride,
+                };
+                match self.copy_region(&src) {
+                    Ok(src) => Ok(Outcome::RemoteCopy(Box::new(RemoteCopyWork {
+                        src,
+                        request: *request,
+                    }))),
+                    Err(_) => respond(Response::RemoteCopyTensor(
+                        RemoteCopyStatus::BadSource.byte(),
+                    )),
+                }
             }
             Request::DeviceCount => respond(Response::DeviceCount(self.backend.device_count())),
             Request::GetDeviceMemory { device } => {
@@ -301,6 +386,9 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             Request::FreeBuffer { buffer } => {
                 self.sync_devices();
                 let entry = self.buffers.remove(buffer)?;
+                if let Some((ticket, _)) = self.ticket.filter(|&(_, handle)| handle == buffer) {
+                    self.revoke_ticket(ticket);
+                }
                 self.graphs.invalidate_all();
                 self.backend.free_buffer(entry.id);
                 Ok(Outcome::Done)
@@ -586,6 +674,35 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
 
     fn begin_write(&mut self, write: TensorWrite, data_len: u64) -> Result<()> {
         self.sync_devices();
+        if let Some((grant, begun)) = self.attached.as_mut() {
+            // The one write an attached connection may do: exactly the granted region.
+            let shape = match &write {
+                TensorWrite::Set(header) if header.cache_flag == 0 => header
+                    .tensor
+                    .data
+                    .checked_add(header.offset)
+                    .map(|start| CopyShape::new(header.tensor.buffer, start, data_len, 1, 0)),
+                TensorWrite::Set(_) => None,
+                TensorWrite::Set2d(header) => {
+                    header.tensor.data.checked_add(header.offset).map(|start| {
+                        CopyShape::new(
+                            header.tensor.buffer,
+                            start,
+                            header.size,
+                            header.n_copies,
+                            header.stride,
+                        )
+                    })
+                }
+            };
+            let fits = !*begun && shape == Some(grant.shape);
+            if !fits {
+                return Err(Error::OutOfBounds(
+                    "remote copy write differs from its ticket's region",
+                ));
+            }
+            *begun = true;
+        }
         let (target, cache_flag) = match &write {
             TensorWrite::Set(header) => {
                 let at = self.buffers.region(
@@ -646,6 +763,10 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             .stream
             .take()
             .ok_or(Error::InvalidState("end without a write"))?;
+        if let Some((grant, _)) = self.attached {
+            // Written: the lent buffer goes back to its owner's connection alone.
+            self.buffers.forget_borrowed(grant.shape.handle);
+        }
         if let Some((hasher, writer)) = stream.cache {
             writer.commit(hasher.finish())?;
         }
@@ -745,8 +866,110 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         Response::CommInit(u8::from(ok))
     }
 
+    /// A remote copy's region of a tensor of this connection: one contiguous region as
+    /// SET_TENSOR's (`n_copies` 1), or rows as SET_TENSOR_2D's, never more bytes than the
+    /// tensor holds. The first row's location.
+    fn copy_region(&self, header: &Tensor2dHeader) -> Result<TensorLocation> {
+        if header.n_copies == 1 {
+            return self.buffers.region(
+                &header.tensor,
+                header.offset,
+                header.size,
+                RegionStart::InsideBuffer,
+            );
+        }
+        let total = header.data_len(Command::SetTensor2d)?;
+        let (first, _) = self.rows(header)?;
+        let (_, byte_size) = self.buffers.resolve_in_buffer(&header.tensor)?;
+        if total > byte_size {
+            return Err(Error::OutOfBounds("rows copy more than the tensor holds"));
+        }
+        Ok(first)
+    }
+
+    /// REMOTE_COPY_EXPECT: a ticket for a region of this connection's buffers (checked by
+    /// [`copy_region`](Self::copy_region); rows only on protocol 8, which has SET_TENSOR_2D).
+    /// Soft: a bad region is a status, not a closed connection.
+    fn remote_copy_expect(&mut self, header: &Tensor2dHeader) -> (RemoteCopyStatus, u64) {
+        let tensor = &header.tensor;
+        if let Some((ticket, _)) = self.ticket.take() {
+            self.revoke_ticket(ticket);
+        }
+        let Some(board) = self.config.remote_copy.clone() else {
+            return (RemoteCopyStatus::TicketRefused, 0);
+        };
+        if header.n_copies != 1 && self.dialect != Dialect::V8 {
+            return (RemoteCopyStatus::BadDestination, 0);
+        }
+        let entry = self
+            .copy_region(header)
+            .and_then(|_| self.buffers.get(tensor.buffer));
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(_) => return (RemoteCopyStatus::BadDestination, 0),
+        };
+        let grant = Grant {
+            entry,
+            // copy_region() checked that data + offset does not overflow
+            shape: CopyShape::new(
+                tensor.buffer,
+                tensor.data + header.offset,
+                header.size,
+                header.n_copies,
+                header.stride,
+            ),
+        };
+        match board.issue(grant) {
+            Some(ticket) => {
+                self.ticket = Some((ticket, tensor.buffer));
+                (RemoteCopyStatus::Ok, ticket)
+            }
+            None => (RemoteCopyStatus::TicketRefused, 0),
+        }
+    }
+
+    /// REMOTE_COPY_ATTACH: lends the ticket's buffer to this connection for its one write.
+    /// Refused on a connection that holds buffers of its own or attached before.
+    /// `shape`: the region the source server will write.
+    fn remote_copy_attach(&mut self, ticket: u64, shape: CopyShape) -> RemoteCopyStatus {
+        let Some(board) = self.config.remote_copy.clone() else {
+            return RemoteCopyStatus::TicketRefused;
+        };
+        if self.attached.is_some() || !self.buffers.is_empty() || self.stream.is_some() {
+            return RemoteCopyStatus::TicketRefused;
+        }
+        let Some(grant) = board.take(ticket) else {
+            return RemoteCopyStatus::TicketRefused;
+        };
+        if shape != grant.shape {
+            return RemoteCopyStatus::BadDestination;
+        }
+        if !self
+            .buffers
+            .insert_borrowed(grant.shape.handle, grant.entry)
+        {
+            return RemoteCopyStatus::TicketRefused;
+        }
+        self.attached = Some((grant, false));
+        RemoteCopyStatus::Ok
+    }
+
+    fn revoke_ticket(&mut self, ticket: u64) {
+        if let Some(board) = &self.config.remote_copy {
+            board.revoke(ticket);
+        }
+        self.ticket = None;
+    }
+
     /// Frees everything the connection held (also done on drop).
     pub fn close(&mut self) {
+        if let Some((ticket, _)) = self.ticket.take() {
+            self.revoke_ticket(ticket);
+        }
+        if let Some((grant, _)) = self.attached {
+            // Lent, not ours: never freed here.
+            self.buffers.forget_borrowed(grant.shape.handle);
+        }
         self.stream = None;
         self.graphs.invalidate_all();
         // The links and communicators themselves belong to the shell's comm state and go with it.

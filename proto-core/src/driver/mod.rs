@@ -29,10 +29,12 @@ mod heavy;
 use bytes::Bytes;
 
 use crate::backend::{Backend, TensorLocation};
-use crate::dispatch::{Dispatcher, DispatcherConfig, Outcome, TensorReadStream, MAX_REPLY_CHUNK};
+use crate::dispatch::{
+    Dispatcher, DispatcherConfig, Outcome, RemoteCopyWork, TensorReadStream, MAX_REPLY_CHUNK,
+};
 use crate::error::{Error, Result};
 use crate::session::{ServerEvent, ServerSession, ServerSessionConfig};
-use crate::wire::CommInitRequest;
+use crate::wire::{CommInitRequest, RemoteCopyStatus, Response};
 
 pub use heavy::{is_heavy, is_heavy_to_free, HEAVY_BYTES, HEAVY_FREE_BYTES};
 
@@ -107,6 +109,9 @@ pub enum CommWork {
         /// The device.
         device: u32,
     },
+    /// REMOTE_COPY_TENSOR (ours): push the checked source region to server B, then report
+    /// with [`Connection::remote_copy_done`].
+    RemoteCopy(Box<RemoteCopyWork>),
 }
 
 /// Sees every event before it runs (feature `testing`).
@@ -351,6 +356,7 @@ impl<B: Backend + ?Sized> Connection<B> {
                 })
             }
             Outcome::CommFree { device } => self.comm = Some(CommWork::Free { device }),
+            Outcome::RemoteCopy(work) => self.comm = Some(CommWork::RemoteCopy(work)),
         }
         Ok(())
     }
@@ -359,6 +365,12 @@ impl<B: Backend + ?Sized> Connection<B> {
     pub fn comm_init_done(&mut self, device: u32, ok: bool) -> Result<()> {
         let response = self.dispatcher.finish_comm_init(device, ok);
         self.session.send_response(&response)
+    }
+
+    /// Queues REMOTE_COPY_TENSOR's answer after [`CommWork::RemoteCopy`] ran.
+    pub fn remote_copy_done(&mut self, status: RemoteCopyStatus) -> Result<()> {
+        self.session
+            .send_response(&Response::RemoteCopyTensor(status.byte()))
     }
 
     /// Receives the next bytes of the streamed write straight into backend memory: the

@@ -93,6 +93,9 @@ pub struct ServerSession {
     input: InputQueue,
     transmit: VecDeque<Bytes>,
     pending: Option<PendingResponse>,
+    /// Extension bits granted by EXTENSIONS on this connection (0: none; the commands of an
+    /// ungranted extension close the connection).
+    extensions: u64,
 }
 
 impl ServerSession {
@@ -105,7 +108,13 @@ impl ServerSession {
             input: InputQueue::default(),
             transmit: VecDeque::new(),
             pending: None,
+            extensions: 0,
         }
+    }
+
+    /// Extension bits granted on this connection so far (see [`crate::wire::extension`]).
+    pub fn extensions(&self) -> u64 {
+        self.extensions
     }
 
     /// The dialect spoken.
@@ -209,7 +218,10 @@ impl ServerSession {
         if !awaiting_hello && id == Command::Hello.id() {
             return Err(Error::DuplicateHello);
         }
-        let command = Command::from_id(id, dialect).ok_or(Error::UnknownCommand { id })?;
+        let command = match Command::from_id(id, dialect) {
+            Some(command) => command,
+            None => self.extension_command(id)?,
+        };
         check_request_size(command, dialect, size)?;
         if command.streams_payload() {
             return self.begin_stream(command, size);
@@ -251,6 +263,20 @@ impl ServerSession {
             self.state = State::Ready;
         }
         Ok(Some(ServerEvent::Request(request)))
+    }
+
+    /// Our private ids: EXTENSIONS always (a server that does not offer extensions grants
+    /// none), the others only once EXTENSIONS granted theirs.
+    fn extension_command(&self, id: u8) -> Result<Command> {
+        let command = Command::extension(id).ok_or(Error::UnknownCommand { id })?;
+        let granted = match command {
+            Command::Extensions => true,
+            _ => self.extensions & crate::wire::EXTENSION_REMOTE_COPY != 0,
+        };
+        if !granted {
+            return Err(Error::ExtensionNotNegotiated { id });
+        }
+        Ok(command)
     }
 
     fn begin_stream(&mut self, command: Command, size: u64) -> Result<Option<ServerEvent>> {
@@ -388,6 +414,9 @@ impl ServerSession {
             return Err(Error::InvalidState(
                 "response length differs from the request",
             ));
+        }
+        if let Response::Extensions(granted) = response {
+            self.extensions |= granted & crate::wire::KNOWN_EXTENSIONS;
         }
         let mut head = BytesMut::new();
         let data = response.encode_head(&mut head);

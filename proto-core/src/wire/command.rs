@@ -53,6 +53,14 @@ pub enum Command {
     CommAllreduce = 21,
     /// Leave the communicator (8.x).
     CommFree = 22,
+    /// Ours, private range: negotiate extensions (see [`super::extension`]).
+    Extensions = 0xF0,
+    /// Ours, remote copy: ask the destination server for a ticket.
+    RemoteCopyExpect = 0xF1,
+    /// Ours, remote copy: the source server attaches to a ticket on the destination.
+    RemoteCopyAttach = 0xF2,
+    /// Ours, remote copy: the source server pushes a region to the destination server.
+    RemoteCopyTensor = 0xF3,
 }
 
 /// How the size field of a request is checked.
@@ -94,8 +102,29 @@ impl Command {
         Command::CommFree,
     ];
 
+    /// Our private extension commands (ids `0xF0..=0xF3`, in id order). A server accepts them
+    /// only on a connection that negotiated them ([`super::extension`]).
+    pub const EXTENSIONS: [Command; 4] = [
+        Command::Extensions,
+        Command::RemoteCopyExpect,
+        Command::RemoteCopyAttach,
+        Command::RemoteCopyTensor,
+    ];
+
+    /// The private extension command with this id, `None` for any other id.
+    pub fn extension(id: u8) -> Option<Command> {
+        Command::EXTENSIONS
+            .get(usize::from(id.checked_sub(0xF0)?))
+            .copied()
+    }
+
+    /// Whether this is one of our private extension commands.
+    pub fn is_extension(self) -> bool {
+        self.id() >= 0xF0
+    }
+
     /// The command with this id in `dialect`, `None` for ids the dialect does not define
-    /// (including the client-internal `NONE`).
+    /// (including the client-internal `NONE` and our private extension ids).
     pub fn from_id(id: u8, dialect: Dialect) -> Option<Command> {
         Command::ALL
             .get(usize::from(id))
@@ -110,7 +139,7 @@ impl Command {
 
     /// Whether `dialect` has this command.
     pub fn exists_in(self, dialect: Dialect) -> bool {
-        dialect == Dialect::V8 || self.id() <= Command::MemsetTensor.id()
+        dialect == Dialect::V8 || self.id() <= Command::MemsetTensor.id() || self.is_extension()
     }
 
     /// The size rule of the request payload.
@@ -136,6 +165,10 @@ impl Command {
             Command::CommInit => Exact(80),
             Command::CommAllreduce => Exact(4 + TENSOR),
             Command::CommFree => Exact(4),
+            Command::Extensions => Exact(8),
+            Command::RemoteCopyAttach => Exact(48),
+            Command::RemoteCopyExpect => Exact(TENSOR + 32),
+            Command::RemoteCopyTensor => Exact(super::extension::RemoteCopyRequest::SIZE as u64),
         }
     }
 
@@ -156,6 +189,10 @@ impl Command {
                 | Command::DeviceCount
                 | Command::GetTensor2d
                 | Command::CommInit
+                | Command::Extensions
+                | Command::RemoteCopyExpect
+                | Command::RemoteCopyAttach
+                | Command::RemoteCopyTensor
         )
     }
 
@@ -167,7 +204,13 @@ impl Command {
             | Command::GetMaxSize
             | Command::BufferGetBase
             | Command::GetAllocSize => Some(8),
-            Command::SetTensorHash | Command::CopyTensor | Command::CommInit => Some(1),
+            Command::SetTensorHash
+            | Command::CopyTensor
+            | Command::CommInit
+            | Command::RemoteCopyAttach
+            | Command::RemoteCopyTensor => Some(1),
+            Command::Extensions => Some(8),
+            Command::RemoteCopyExpect => Some(9),
             Command::Hello => Some(28),
             Command::DeviceCount => Some(4),
             _ => None,
@@ -223,5 +266,16 @@ mod tests {
         for (i, c) in Command::ALL.iter().enumerate() {
             assert_eq!(usize::from(c.id()), i);
         }
+        for c in Command::EXTENSIONS {
+            assert_eq!(Command::extension(c.id()), Some(c));
+            assert_eq!(Command::from_id(c.id(), Dialect::V8), None);
+            assert!(c.exists_in(Dialect::V7));
+        }
+        assert_eq!(Command::extension(0xEF), None);
+        assert_eq!(Command::extension(0xF4), None);
+        assert_eq!(
+            Command::RemoteCopyTensor.request_size(Dialect::V7),
+            RequestSize::Exact(712)
+        );
     }
 }

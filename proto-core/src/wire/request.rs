@@ -6,6 +6,7 @@ use nom::number::complete::{le_u32, le_u64, u8 as le_u8};
 use nom::IResult;
 
 use super::command::{Command, RequestSize};
+use super::extension::RemoteCopyRequest;
 use super::tensor::{RpcTensor, MAX_SRC, RPC_TENSOR_SIZE};
 use super::version::Dialect;
 use crate::error::{Error, Result};
@@ -253,6 +254,32 @@ pub enum Request {
         /// Device index.
         device: u32,
     },
+    /// EXTENSIONS (ours, `0xF0`): the extension bits the client wants.
+    Extensions {
+        /// Extension bits ([`super::extension`]).
+        wanted: u64,
+    },
+    /// REMOTE_COPY_EXPECT (ours, `0xF1`): a ticket for a destination region (`n_copies` rows
+    /// of `size` bytes, `stride` apart, from `offset`; GET_TENSOR_2D's layout).
+    RemoteCopyExpect(Box<Tensor2dHeader>),
+    /// REMOTE_COPY_ATTACH (ours, `0xF2`): attach this connection to a ticket for the region
+    /// it is about to write.
+    RemoteCopyAttach {
+        /// The ticket.
+        ticket: u64,
+        /// The destination buffer's handle (the client's connection to this server).
+        buffer: u64,
+        /// First address of the region (`dst.data + dst_offset`).
+        start: u64,
+        /// Bytes per row.
+        size: u64,
+        /// Rows.
+        n_copies: u64,
+        /// Distance between rows.
+        stride: u64,
+    },
+    /// REMOTE_COPY_TENSOR (ours, `0xF3`): push a region to another server.
+    RemoteCopyTensor(Box<RemoteCopyRequest>),
 }
 
 fn caps(input: &[u8]) -> IResult<&[u8], ConnCaps> {
@@ -462,6 +489,10 @@ impl Request {
             Request::CommInit(_) => Command::CommInit,
             Request::CommAllreduce { .. } => Command::CommAllreduce,
             Request::CommFree { .. } => Command::CommFree,
+            Request::Extensions { .. } => Command::Extensions,
+            Request::RemoteCopyExpect { .. } => Command::RemoteCopyExpect,
+            Request::RemoteCopyAttach { .. } => Command::RemoteCopyAttach,
+            Request::RemoteCopyTensor(_) => Command::RemoteCopyTensor,
         }
     }
 
@@ -636,6 +667,34 @@ impl Request {
             Command::CommFree => Request::CommFree {
                 device: run(command, p, le_u32)?,
             },
+            Command::Extensions => Request::Extensions {
+                wanted: run(command, p, le_u64)?,
+            },
+            Command::RemoteCopyExpect => {
+                Request::RemoteCopyExpect(Box::new(run(command, p, Tensor2dHeader::parse)?))
+            }
+            Command::RemoteCopyAttach => run(command, p, |i| {
+                let (i, ticket) = le_u64(i)?;
+                let (i, buffer) = le_u64(i)?;
+                let (i, start) = le_u64(i)?;
+                let (i, size) = le_u64(i)?;
+                let (i, n_copies) = le_u64(i)?;
+                let (i, stride) = le_u64(i)?;
+                Ok((
+                    i,
+                    Request::RemoteCopyAttach {
+                        ticket,
+                        buffer,
+                        start,
+                        size,
+                        n_copies,
+                        stride,
+                    },
+                ))
+            })?,
+            Command::RemoteCopyTensor => {
+                Request::RemoteCopyTensor(Box::new(run(command, p, RemoteCopyRequest::parse)?))
+            }
         };
         Ok(request)
     }
@@ -744,6 +803,21 @@ impl Request {
                 out.put_u32_le(*device);
                 tensor.encode(out);
             }
+            Request::Extensions { wanted } => out.put_u64_le(*wanted),
+            Request::RemoteCopyAttach {
+                ticket,
+                buffer,
+                start,
+                size,
+                n_copies,
+                stride,
+            } => {
+                for v in [ticket, buffer, start, size, n_copies, stride] {
+                    out.put_u64_le(*v);
+                }
+            }
+            Request::RemoteCopyExpect(header) => header.encode(out),
+            Request::RemoteCopyTensor(request) => request.encode(out),
         }
         Ok(())
     }
@@ -766,7 +840,9 @@ impl Request {
                 (REQUEST_HEADER_SIZE - frame.len()) as u64,
             ));
         };
-        let command = Command::from_id(id, dialect).ok_or(Error::UnknownCommand { id })?;
+        let command = Command::from_id(id, dialect)
+            .or_else(|| Command::extension(id))
+            .ok_or(Error::UnknownCommand { id })?;
         let size = u64::from_le_bytes(*size);
         check_request_size(command, dialect, size)?;
         let available = (frame.len() - REQUEST_HEADER_SIZE) as u64;

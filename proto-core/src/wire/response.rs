@@ -59,6 +59,20 @@ pub enum Response {
     Tensor2dData(Bytes),
     /// COMM_INIT: 1 = communicator ready.
     CommInit(u8),
+    /// EXTENSIONS (ours): the granted extension bits.
+    Extensions(u64),
+    /// REMOTE_COPY_EXPECT (ours): a [`super::RemoteCopyStatus`] byte and the ticket (0 unless
+    /// the status is `Ok`).
+    RemoteCopyExpect {
+        /// Status byte.
+        status: u8,
+        /// The one-shot ticket.
+        ticket: u64,
+    },
+    /// REMOTE_COPY_ATTACH (ours): a [`super::RemoteCopyStatus`] byte.
+    RemoteCopyAttach(u8),
+    /// REMOTE_COPY_TENSOR (ours): a [`super::RemoteCopyStatus`] byte.
+    RemoteCopyTensor(u8),
 }
 
 impl Response {
@@ -79,6 +93,10 @@ impl Response {
             Response::AllocSize(_) => Command::GetAllocSize,
             Response::Tensor2dData(_) => Command::GetTensor2d,
             Response::CommInit(_) => Command::CommInit,
+            Response::Extensions(_) => Command::Extensions,
+            Response::RemoteCopyExpect { .. } => Command::RemoteCopyExpect,
+            Response::RemoteCopyAttach(_) => Command::RemoteCopyAttach,
+            Response::RemoteCopyTensor(_) => Command::RemoteCopyTensor,
         }
     }
 
@@ -153,6 +171,13 @@ impl Response {
             Command::GetAllocSize => Response::AllocSize(u64_at(0)?),
             Command::GetTensor2d => Response::Tensor2dData(payload),
             Command::CommInit => Response::CommInit(byte0()?),
+            Command::Extensions => Response::Extensions(u64_at(0)?),
+            Command::RemoteCopyExpect => Response::RemoteCopyExpect {
+                status: byte0()?,
+                ticket: u64_at(1)?,
+            },
+            Command::RemoteCopyAttach => Response::RemoteCopyAttach(byte0()?),
+            Command::RemoteCopyTensor => Response::RemoteCopyTensor(byte0()?),
             _ => return Err(Error::UnexpectedResponse),
         })
     }
@@ -183,8 +208,15 @@ impl Response {
             | Response::MaxSize(v)
             | Response::BufferBase(v)
             | Response::AllocSize(v) => out.put_u64_le(*v),
-            Response::SetTensorHash(v) | Response::CopyTensor(v) | Response::CommInit(v) => {
-                out.put_u8(*v)
+            Response::SetTensorHash(v)
+            | Response::CopyTensor(v)
+            | Response::CommInit(v)
+            | Response::RemoteCopyAttach(v)
+            | Response::RemoteCopyTensor(v) => out.put_u8(*v),
+            Response::Extensions(v) => out.put_u64_le(*v),
+            Response::RemoteCopyExpect { status, ticket } => {
+                out.put_u8(*status);
+                out.put_u64_le(*ticket);
             }
             Response::DeviceMemory { free, total } => {
                 out.put_u64_le(*free);

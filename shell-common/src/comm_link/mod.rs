@@ -16,6 +16,7 @@ pub mod peers;
 mod ranked;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Communicator;
@@ -26,7 +27,9 @@ use proto_core::wire::CommInitRequest;
 pub use pairwise::CommLink;
 pub use peers::CommPeers;
 
-/// How a connection's comm links are set up.
+use crate::remote_copy::{self, PeerAllowList};
+
+/// How a connection's comm links are set up (and where remote copies may go).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommSettings {
     /// The link's wire form: the 8.0.0 link, or the newest upstream's ranked link.
@@ -34,10 +37,13 @@ pub struct CommSettings {
     /// Whether this server votes for its backend's communicator where the backend offers one
     /// (`GGML_RPC_NO_BACKEND_COMMUNICATOR` turns it off, as in the reference).
     pub backend_communicator: bool,
-    /// Bound on every wait for a peer: set-up, each bootstrap exchange, each all-reduce.
+    /// Bound on every wait for a peer: set-up, each bootstrap exchange, each all-reduce,
+    /// each step of a remote copy.
     pub timeout: Duration,
     /// Where comm links may connect to and accept from.
     pub peers: CommPeers,
+    /// The servers REMOTE_COPY_TENSOR may push to (`--peer`).
+    pub copy_peers: Arc<PeerAllowList>,
 }
 
 /// One device's comm state.
@@ -133,6 +139,27 @@ impl CommLinks {
                     tracing::info!(device, "comm link closed");
                 }
                 Ok(())
+            }
+            CommWork::RemoteCopy(work) => {
+                let backend = conn.backend().clone();
+                let endpoint = work.request.endpoint_str().unwrap_or("?").to_owned();
+                let bytes = work.request.size;
+                let status = match remote_copy::push(
+                    &work,
+                    &*backend,
+                    &self.settings.copy_peers,
+                    self.settings.timeout,
+                ) {
+                    Ok(()) => {
+                        tracing::info!(%endpoint, bytes, "remote copy done");
+                        proto_core::wire::RemoteCopyStatus::Ok
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, %endpoint, bytes, "REMOTE_COPY_TENSOR failed");
+                        error.status()
+                    }
+                };
+                conn.remote_copy_done(status)
             }
         }
     }

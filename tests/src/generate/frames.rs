@@ -5,8 +5,8 @@ use bytes::Bytes;
 use proto_core::ggml::types::id as ty;
 use proto_core::tensor_cache::fnv1a64;
 use proto_core::wire::{
-    AllocSizeRequest, CommInitRequest, Dialect, ProtocolVersion, Request, Response, RpcTensor,
-    SetTensorHeader, Tensor2dHeader, COMM_HOST_SIZE,
+    AllocSizeRequest, CommInitRequest, Dialect, ProtocolVersion, RemoteCopyRequest, Request,
+    Response, RpcTensor, SetTensorHeader, Tensor2dHeader, COMM_HOST_SIZE, EXTENSION_REMOTE_COPY,
 };
 
 use super::samples::{
@@ -257,7 +257,70 @@ fn requests(version: ProtocolVersion) -> Vec<RequestCase> {
             ),
         ]);
     }
+    cases.extend(extension_requests());
     cases
+}
+
+/// Where our private extension is described (it is not in PROTOCOL.md).
+const EXTENSION_SPEC: &str = "§2.4 (ours, ids 0xF0-0xF3: README, Server-to-server copies)";
+
+/// Our remote-copy extension's requests (both versions; accepted only once negotiated).
+fn extension_requests() -> Vec<RequestCase> {
+    let src = raw_f32(1, [256, 1, 1, 1], RAW_BASE, "src");
+    let mut dst = raw_f32(2, [256, 1, 1, 1], RAW_BASE_2, "dst");
+    dst.buffer = RAW_BUFFER_2;
+    vec![
+        ("extensions", EXTENSION_SPEC, "EXTENSIONS (0xF0): the client wants bit 0, remote copy",
+            Request::Extensions { wanted: EXTENSION_REMOTE_COPY }),
+        ("remote_copy_expect", EXTENSION_SPEC,
+            "REMOTE_COPY_EXPECT (0xF1) on server B: a ticket for 512 bytes at offset 256 of dst (one row: the stride is ignored)",
+            Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+                tensor: dst.clone(), offset: 256, size: 512, n_copies: 1, stride: 0,
+            }))),
+        ("remote_copy_expect_rows", EXTENSION_SPEC,
+            "REMOTE_COPY_EXPECT (0xF1) for 4 rows of 64 bytes, 128 bytes apart, from offset 32 of dst",
+            Request::RemoteCopyExpect(Box::new(Tensor2dHeader {
+                tensor: dst.clone(), offset: 32, size: 64, n_copies: 4, stride: 128,
+            }))),
+        ("remote_copy_attach", EXTENSION_SPEC,
+            "REMOTE_COPY_ATTACH (0xF2) from server A to B: ticket, buffer, start = data + offset, size, one row (stride 0)",
+            Request::RemoteCopyAttach {
+                ticket: 0x5eed_0f7e_a11c_0de5,
+                buffer: RAW_BUFFER_2,
+                start: RAW_BASE_2 + 256,
+                size: 512,
+                n_copies: 1,
+                stride: 0,
+            }),
+        ("remote_copy_tensor", EXTENSION_SPEC,
+            "REMOTE_COPY_TENSOR (0xF3) to server A: 512 bytes of src at 0 to dst at 256 on 10.0.0.2:50052",
+            Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
+                src: src.clone(),
+                src_offset: 0,
+                size: 512,
+                n_copies: 1,
+                src_stride: 0,
+                dst: dst.clone(),
+                dst_offset: 256,
+                dst_stride: 0,
+                ticket: 0x5eed_0f7e_a11c_0de5,
+                endpoint: RemoteCopyRequest::endpoint_field("10.0.0.2:50052").expect("fits"),
+            }))),
+        ("remote_copy_tensor_rows", EXTENSION_SPEC,
+            "REMOTE_COPY_TENSOR (0xF3) of 4 rows of 64 bytes: 256 bytes apart in src, 128 apart from offset 32 in dst (sent to B as one SET_TENSOR_2D)",
+            Request::RemoteCopyTensor(Box::new(RemoteCopyRequest {
+                src,
+                src_offset: 0,
+                size: 64,
+                n_copies: 4,
+                src_stride: 256,
+                dst,
+                dst_offset: 32,
+                dst_stride: 128,
+                ticket: 0x5eed_0f7e_a11c_0de5,
+                endpoint: RemoteCopyRequest::endpoint_field("b.example:50052").expect("fits"),
+            }))),
+    ]
 }
 
 fn single_node_graph(uid: u64) -> proto_core::wire::GraphComputeRequest {
@@ -406,6 +469,68 @@ fn responses(version: ProtocolVersion) -> Vec<ResponseCase> {
             ),
         ]);
     }
+    let requests: Vec<Request> = extension_requests()
+        .into_iter()
+        .map(|case| case.3)
+        .collect();
+    let [extensions, expect, _, attach, copy, _] = <[Request; 6]>::try_from(requests).expect("six");
+    cases.extend([
+        (
+            "extensions_granted",
+            EXTENSION_SPEC,
+            "EXTENSIONS response: bit 0 (remote copy) granted",
+            extensions.clone(),
+            Response::Extensions(EXTENSION_REMOTE_COPY),
+        ),
+        (
+            "extensions_none",
+            EXTENSION_SPEC,
+            "EXTENSIONS response of a server started with --no-extensions: nothing granted",
+            extensions,
+            Response::Extensions(0),
+        ),
+        (
+            "remote_copy_expect",
+            EXTENSION_SPEC,
+            "REMOTE_COPY_EXPECT response: status 0 and the ticket",
+            expect.clone(),
+            Response::RemoteCopyExpect {
+                status: 0,
+                ticket: 0x5eed_0f7e_a11c_0de5,
+            },
+        ),
+        (
+            "remote_copy_expect_bad_region",
+            EXTENSION_SPEC,
+            "REMOTE_COPY_EXPECT response: status 5 (bad destination region), ticket 0",
+            expect,
+            Response::RemoteCopyExpect {
+                status: 5,
+                ticket: 0,
+            },
+        ),
+        (
+            "remote_copy_attach",
+            EXTENSION_SPEC,
+            "REMOTE_COPY_ATTACH response: status 0 (attached)",
+            attach,
+            Response::RemoteCopyAttach(0),
+        ),
+        (
+            "remote_copy_tensor",
+            EXTENSION_SPEC,
+            "REMOTE_COPY_TENSOR response: status 0 (B confirmed the write)",
+            copy.clone(),
+            Response::RemoteCopyTensor(0),
+        ),
+        (
+            "remote_copy_tensor_not_allowed",
+            EXTENSION_SPEC,
+            "REMOTE_COPY_TENSOR response: status 1 (endpoint not on the --peer list)",
+            copy,
+            Response::RemoteCopyTensor(1),
+        ),
+    ]);
     cases
 }
 

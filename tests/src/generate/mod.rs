@@ -192,7 +192,7 @@ pub(crate) fn invalid_request(
     let mut v = base(name, version, spec, description);
     v.command = frame
         .first()
-        .and_then(|&id| Command::from_id(id, dialect(version)))
+        .and_then(|&id| Command::from_id(id, dialect(version)).or_else(|| Command::extension(id)))
         .map(|c| command_name(c).to_owned());
     v.hex = Some(hex::encode(&frame));
     mark_invalid(&mut v, rule);

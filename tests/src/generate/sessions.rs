@@ -254,7 +254,9 @@ impl Session {
             .kind;
         let command = frame
             .first()
-            .and_then(|&id| Command::from_id(id, dialect(self.version)))
+            .and_then(|&id| {
+                Command::from_id(id, dialect(self.version)).or_else(|| Command::extension(id))
+            })
             .map(|c| command_name(c).to_owned());
         let dir = format!("invalid/session/{}", folder(self.version));
         let mut v = self.vector(dir, false);
@@ -608,6 +610,27 @@ fn protocol_rules(version: ProtocolVersion, out: &mut Vec<Vector>) {
         new("second_hello", "§2.5 step 7, §5.1", "HELLO twice in a row")
             .hello()
             .fail(&Request::Hello { caps: [0; 24] }, "hello_once"),
+    );
+    let copy = Request::RemoteCopyTensor(Box::new(proto_core::wire::RemoteCopyRequest {
+        src: RpcTensor::default(),
+        src_offset: 0,
+        size: 0,
+        n_copies: 1,
+        src_stride: 0,
+        dst: RpcTensor::default(),
+        dst_offset: 0,
+        dst_stride: 0,
+        ticket: 1,
+        endpoint: [0; proto_core::wire::ENDPOINT_SIZE],
+    }));
+    out.push(
+        new(
+            "remote_copy_without_extensions",
+            "§2.5 step 7 (ours: ids 0xF1-0xF3)",
+            "REMOTE_COPY_TENSOR (0xF3, our extension) on a connection that never sent EXTENSIONS",
+        )
+        .hello()
+        .fail(&copy, "extension_negotiated"),
     );
     let mut s = new(
         "hello_after_commands",
