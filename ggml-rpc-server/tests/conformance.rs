@@ -10,6 +10,7 @@
 //!   are freed (the backend is back to its baseline).
 //! * Concurrency, the client limit and graceful shutdown.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -951,41 +952,6 @@ impl proto_core::backend::Backend for Observed {
         drop(open);
         self.inner.graph_compute(device, graph)
     }
-}
-
-/// Runs every test above once per shell of this build: `tokio_shell::NAME`, `uring_shell::NAME`,
-/// `smol_shell::NAME`. The client side is a two-worker tokio runtime; the server runs on the
-/// shell's own threads.
-macro_rules! for_each_shell {
-    ($($test:ident),* $(,)?) => {
-        #[cfg(feature = "tokio")]
-        mod tokio_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("tokio").await
-                }
-            )*
-        }
-        #[cfg(all(feature = "uring", target_os = "linux"))]
-        mod uring_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("uring").await
-                }
-            )*
-        }
-        #[cfg(feature = "smol")]
-        mod smol_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("smol").await
-                }
-            )*
-        }
-    };
 }
 
 for_each_shell!(

@@ -5,6 +5,7 @@
 //! B closing mid-stream) as a clear error that closes nothing but what it must, with no
 //! buffer left behind on either server.
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -588,38 +589,6 @@ async fn without_extensions_the_client_relays(shell: &'static str) {
     a.shutdown().await;
     b.shutdown().await;
     unused.shutdown().await;
-}
-
-macro_rules! for_each_shell {
-    ($($test:ident),* $(,)?) => {
-        #[cfg(feature = "tokio")]
-        mod tokio_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("tokio").await
-                }
-            )*
-        }
-        #[cfg(all(feature = "uring", target_os = "linux"))]
-        mod uring_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("uring").await
-                }
-            )*
-        }
-        #[cfg(feature = "smol")]
-        mod smol_shell {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test("smol").await
-                }
-            )*
-        }
-    };
 }
 
 for_each_shell!(

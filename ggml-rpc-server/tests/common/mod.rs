@@ -262,3 +262,38 @@ pub fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
 }
+
+/// Runs every listed test once per shell of this build: `tokio_shell::NAME`, `uring_shell::NAME`,
+/// `smol_shell::NAME`. The client side is a two-worker tokio runtime; the server runs on the
+/// shell's own threads.
+macro_rules! for_each_shell {
+    ($($test:ident),* $(,)?) => {
+        #[cfg(feature = "tokio")]
+        mod tokio_shell {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test("tokio").await
+                }
+            )*
+        }
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        mod uring_shell {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test("uring").await
+                }
+            )*
+        }
+        #[cfg(feature = "smol")]
+        mod smol_shell {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test("smol").await
+                }
+            )*
+        }
+    };
+}
