@@ -5,9 +5,11 @@
 //! NCCL's unique id), the sockets close, and COMM_ALLREDUCE is handed to the communicator. The
 //! shell owns the sockets and lends them as a [`Bootstrap`]; the backend owns the
 //! [`Communicator`] it builds (one per client connection and device, dropped with them).
+//! Addresses and durations here are `core` value types: the core opens no socket and reads no
+//! clock.
 
-use std::net::{IpAddr, Ipv4Addr};
-use std::time::Duration;
+use core::net::{IpAddr, Ipv4Addr};
+use core::time::Duration;
 
 use super::{Backend, TensorLocation};
 use crate::comm::CommError;

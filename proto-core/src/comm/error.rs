@@ -131,7 +131,7 @@ pub enum CommError {
     #[error("comm peer {ip} is not in the allowed comm peers")]
     PeerNotAllowed {
         /// The address refused.
-        ip: std::net::IpAddr,
+        ip: core::net::IpAddr,
     },
     /// The peer sent bytes the exchange in progress did not ask for.
     #[error("the peer sent data out of turn")]
