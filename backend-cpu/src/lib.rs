@@ -36,11 +36,13 @@ mod meminfo;
 mod ring;
 
 use proto_core::backend::{
-    AllocatedBuffer, Backend, Bootstrap, BufferId, Communicator, DeviceMemory, TensorLocation,
+    AllocatedBuffer, Backend, Bootstrap, BufferId, Communicator, DeviceMemory, PreparedGraph,
+    TensorLocation,
 };
 use proto_core::graph::Graph;
 use proto_core::wire::RpcTensor;
 use proto_core::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use buffers::BufferPool;
 
@@ -125,6 +127,8 @@ pub struct CpuBackend {
     /// The compute threads, started on the first graph that needs them.
     pool: compute::Pool,
     buffers: BufferPool,
+    /// Graph plans built (a recompute of a stored graph reuses its plan).
+    plans: AtomicU64,
 }
 
 impl CpuBackend {
@@ -145,6 +149,7 @@ impl CpuBackend {
             capacity,
             pool: compute::Pool::new(threads),
             buffers: BufferPool::new(config.pages, capacity),
+            plans: AtomicU64::new(0),
         }
     }
 
@@ -173,6 +178,13 @@ impl CpuBackend {
     /// their memory back.
     pub fn used_bytes(&self) -> u64 {
         self.buffers.used_bytes()
+    }
+
+    /// How many graph plans (the check of every node before a graph runs) this backend has
+    /// built: one per GRAPH_COMPUTE, none for a GRAPH_RECOMPUTE of a stored graph whose
+    /// buffers are unchanged.
+    pub fn plans_built(&self) -> u64 {
+        self.plans.load(Ordering::Relaxed)
     }
 
     /// Number of live buffers.
@@ -300,7 +312,25 @@ impl Backend for CpuBackend {
         if device != 0 {
             return Err(Error::InvalidDevice { device, count: 1 });
         }
-        compute::run(&self.buffers, &self.pool, graph)
+        compute::run_stored(&self.buffers, &self.pool, graph, None, &self.plans)
+    }
+
+    fn graph_compute_stored(
+        &self,
+        device: u32,
+        graph: &Graph,
+        prepared: &mut Option<PreparedGraph>,
+    ) -> Result<()> {
+        if device != 0 {
+            return Err(Error::InvalidDevice { device, count: 1 });
+        }
+        compute::run_stored(
+            &self.buffers,
+            &self.pool,
+            graph,
+            Some(prepared),
+            &self.plans,
+        )
     }
 
     fn communicator_available(&self, device: u32) -> bool {

@@ -411,3 +411,35 @@ fn layout_ops_are_ggml_op_is_empty() {
         .collect();
     assert_eq!(empty, vec![0, 36, 37, 38, 39]);
 }
+
+#[test]
+fn a_stored_plan_is_never_trusted_past_its_buffers() {
+    let backend = backend();
+    let buffer = alloc(&backend, 192);
+    let a = tensor(1, Op::NONE, false, Some(at(buffer, 0)));
+    let b = tensor(2, Op::NONE, false, Some(at(buffer, 64)));
+    let mut product = tensor(3, Op::MUL_MAT, true, Some(at(buffer, 128)));
+    product.src[0] = Some(0);
+    product.src[1] = Some(1);
+    let g = graph(vec![a, b, product], vec![2]);
+    let mut slot = None;
+    backend.graph_compute_stored(0, &g, &mut slot).unwrap();
+    backend.graph_compute_stored(0, &g, &mut slot).unwrap();
+    assert_eq!(backend.plans_built(), 1);
+    // The dispatcher drops the slot on FREE_BUFFER; even a slot kept past it (a dispatcher
+    // bug) only reaches the freed buffer by id, which fails instead of touching freed memory.
+    backend.free_buffer(buffer);
+    let refused = backend.graph_compute_stored(0, &g, &mut slot).unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Backend);
+    // A slot prepared for another backend (or holding something else) is planned afresh.
+    let other = alloc(&backend, 192);
+    let mut moved = g.clone();
+    for tensor in &mut moved.tensors {
+        tensor.location = tensor.location.map(|l| at(other, l.offset));
+    }
+    let mut foreign: Option<proto_core::backend::PreparedGraph> = Some(Box::new(7u32));
+    backend
+        .graph_compute_stored(0, &moved, &mut foreign)
+        .unwrap();
+    assert_eq!(backend.plans_built(), 2);
+}

@@ -477,3 +477,152 @@ fn concurrent_connections_with_distinct_buffers() {
     let shared: Arc<dyn Backend> = backend;
     assert_eq!(shared.device_count(), 1);
 }
+
+/// `c = a x b` (MUL_MAT of a 4x4 weight and a vector) with `a` and `b` in `inputs` and `c` at
+/// `c_offset` in `output`.
+fn mul_mat_graph(
+    uid: u64,
+    inputs: (u64, u64),
+    output: (u64, u64),
+    c_offset: u64,
+) -> (GraphComputeRequest, RpcTensor) {
+    let a = f32_tensor(20, [4, 4, 1, 1], inputs.0, inputs.1);
+    let b = f32_tensor(21, [4, 1, 1, 1], inputs.0, inputs.1 + 64);
+    let mut c = f32_tensor(22, [4, 1, 1, 1], output.0, output.1 + c_offset);
+    c.op = Op::MUL_MAT.0;
+    c.flags = flags::COMPUTE;
+    c.src[0] = a.id;
+    c.src[1] = b.id;
+    let graph = GraphComputeRequest {
+        device: 0,
+        uid,
+        node_ids: vec![c.id],
+        tensors: vec![a, b, c.clone()],
+    };
+    (graph, c)
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+        .collect()
+}
+
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn recompute_reuses_the_stored_plan_until_the_graph_is_dropped() {
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+    let inputs = alloc(&mut conn, 256);
+    let output = alloc(&mut conn, 256);
+    let (_, unrelated_base) = alloc(&mut conn, 64);
+    let _ = unrelated_base;
+    let weights: Vec<f32> = (0..16).map(|i| i as f32 - 3.5).collect();
+    let a = f32_tensor(20, [4, 4, 1, 1], inputs.0, inputs.1);
+    let b = f32_tensor(21, [4, 1, 1, 1], inputs.0, inputs.1 + 64);
+    set(&mut conn, &a, 0, &le_bytes(&weights)).unwrap();
+    set(&mut conn, &b, 0, &le_bytes(&[1.0; 4])).unwrap();
+    let (graph, c) = mul_mat_graph(5, inputs, output, 0);
+    let plans = backend.plans_built();
+    done(&mut conn, Request::GraphCompute(Box::new(graph.clone())));
+    assert_eq!(backend.plans_built(), plans + 1);
+
+    // New inputs, same graph: the recompute plans nothing and reads the new values, exactly
+    // as a fresh compute of the same graph (another uid) does.
+    set(&mut conn, &b, 0, &le_bytes(&[1.0, -2.0, 0.5, 3.0])).unwrap();
+    done(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+    assert_eq!(backend.plans_built(), plans + 1);
+    let recomputed = get(&mut conn, &c, 0, 16).unwrap();
+    set(&mut conn, &c, 0, &[0; 16]).unwrap();
+    let fresh = GraphComputeRequest { uid: 6, ..graph };
+    done(&mut conn, Request::GraphCompute(Box::new(fresh)));
+    assert_eq!(backend.plans_built(), plans + 2);
+    assert_eq!(get(&mut conn, &c, 0, 16).unwrap(), recomputed);
+    let want: Vec<f32> = weights
+        .chunks(4)
+        .map(|row| row[0] - 2.0 * row[1] + 0.5 * row[2] + 3.0 * row[3])
+        .collect();
+    assert_eq!(f32s(&recomputed), want);
+
+    // BUFFER_CLEAR changes contents, not the plan: still reused, and the zeros are read.
+    done(
+        &mut conn,
+        Request::BufferClear {
+            buffer: inputs.0,
+            value: 0,
+        },
+    );
+    done(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+    assert_eq!(backend.plans_built(), plans + 2);
+    assert_eq!(get(&mut conn, &c, 0, 16).unwrap(), vec![0; 16]);
+
+    // A new graph under the same uid replaces the plan with its own.
+    set(&mut conn, &a, 0, &le_bytes(&weights)).unwrap();
+    set(&mut conn, &b, 0, &le_bytes(&[1.0; 4])).unwrap();
+    let (moved, c_moved) = mul_mat_graph(5, inputs, output, 64);
+    done(&mut conn, Request::GraphCompute(Box::new(moved)));
+    assert_eq!(backend.plans_built(), plans + 3);
+    set(&mut conn, &c_moved, 0, &[0; 16]).unwrap();
+    done(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+    assert_eq!(backend.plans_built(), plans + 3);
+    let sums: Vec<f32> = weights.chunks(4).map(|row| row.iter().sum()).collect();
+    assert_eq!(f32s(&get(&mut conn, &c_moved, 0, 16).unwrap()), sums);
+}
+
+#[test]
+fn free_buffer_drops_stored_plans_and_recompute_fails_as_before() {
+    for version in [ProtocolVersion::V7_0_0, ProtocolVersion::V8_0_0] {
+        let backend = cpu();
+        let mut conn = connect(&backend, version);
+        let inputs = alloc(&mut conn, 256);
+        let output = alloc(&mut conn, 256);
+        let (other, _) = alloc(&mut conn, 64);
+        let (graph, _) = mul_mat_graph(5, inputs, output, 0);
+        done(&mut conn, Request::GraphCompute(Box::new(graph.clone())));
+        done(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+        assert_eq!(backend.plans_built(), 1);
+        // Freeing any buffer, even one the graph does not use, drops every stored graph (as
+        // the reference does), and with it the plan: a recompute is refused as it always was.
+        done(&mut conn, Request::FreeBuffer { buffer: other });
+        let refused = request(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::GraphNotFound);
+        assert_eq!(backend.plans_built(), 1);
+        drop(conn);
+        assert_eq!((backend.live_buffers(), backend.used_bytes()), (0, 0));
+
+        // Freeing a buffer the graph uses: computing it again plans it again.
+        let mut conn = connect(&backend, version);
+        let inputs = alloc(&mut conn, 256);
+        let output = alloc(&mut conn, 256);
+        let (graph, _) = mul_mat_graph(5, inputs, output, 0);
+        done(&mut conn, Request::GraphCompute(Box::new(graph.clone())));
+        done(&mut conn, Request::FreeBuffer { buffer: output.0 });
+        let refused = request(&mut conn, Request::GraphRecompute { device: 0, uid: 5 });
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::GraphNotFound);
+        assert_eq!(backend.plans_built(), 2);
+    }
+}
+
+#[test]
+fn medium_replies_sent_from_backend_memory_are_byte_exact() {
+    // Above MIN_IN_PLACE_REPLY (64 KiB) and below 16 MiB: streamed in place (logits-sized).
+    let backend = cpu();
+    let mut conn = connect(&backend, ProtocolVersion::V8_0_0);
+    let (buffer, base) = alloc(&mut conn, 1 << 20);
+    let tensor = f32_tensor(1, [1 << 18, 1, 1, 1], buffer, base);
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    set(&mut conn, &tensor, 0, &data).unwrap();
+    for (offset, len) in [
+        (0, 1 << 20),
+        (4096, 128 << 10),
+        (1, (64 << 10) + 1),
+        (8, 64 << 10),
+    ] {
+        let got = get(&mut conn, &tensor, offset, len).unwrap();
+        assert_eq!(got, &data[offset as usize..(offset + len) as usize]);
+    }
+}

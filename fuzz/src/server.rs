@@ -318,6 +318,12 @@ impl Harness {
                         panic!("REMOTE_COPY_TENSOR's answer does not fit the session: {error}");
                     }
                 }
+                // No second transport in memory: stay on TCP.
+                Action::Upgrade(_) => {
+                    if let Err(error) = self.conn.answer_hello([0; 24]) {
+                        panic!("HELLO's answer does not fit the session: {error}");
+                    }
+                }
                 Action::Offload | Action::SendInPlace => {
                     unreachable!("not on Place::Blocking without direct I/O")
                 }

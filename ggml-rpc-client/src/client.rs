@@ -30,6 +30,9 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::ClientError;
 use crate::transport::{flush, receive, receive_into};
+use shell_common::TransportMode;
+use shell_rdma::client::ClientLink;
+use std::os::fd::AsFd;
 
 /// The versions [`Client::connect_auto`] tries, newest first.
 const AUTO_VERSIONS: [ProtocolVersion; 2] = [ProtocolVersion::LATEST, ProtocolVersion::V7_0_0];
@@ -51,6 +54,8 @@ pub struct RemoteBuffer {
 #[derive(Debug)]
 pub struct Client {
     stream: TcpStream,
+    /// After an RDMA switch, the bytes go here; `stream` only tells the server's hang-up.
+    rdma: Option<Box<ClientLink>>,
     session: ClientSession,
     hello: ServerHello,
     peer: SocketAddr,
@@ -70,12 +75,32 @@ impl Client {
         Client::handshake(stream, version).await
     }
 
+    /// [`connect`](Self::connect) offering RDMA as `transport` says (PROTOCOL.md §10.2):
+    /// `auto` switches when this host has a device for the connection and the server answers
+    /// with caps, `rdma` fails otherwise. RDMA calls block: use a multi-threaded runtime.
+    pub async fn connect_with(
+        addr: impl ToSocketAddrs,
+        version: ProtocolVersion,
+        transport: TransportMode,
+    ) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        Client::handshake_with(stream, version, transport).await
+    }
+
     /// Connects speaking the newest version we know (8.0.1); if the server answers with
     /// another major that we also speak (7), reconnects speaking that one.
     pub async fn connect_auto(addr: impl ToSocketAddrs) -> Result<Client, ClientError> {
+        Client::connect_auto_with(addr, TransportMode::Tcp).await
+    }
+
+    /// [`connect_auto`](Self::connect_auto) offering RDMA as `transport` says.
+    pub async fn connect_auto_with(
+        addr: impl ToSocketAddrs,
+        transport: TransportMode,
+    ) -> Result<Client, ClientError> {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
         let newest = AUTO_VERSIONS[0];
-        match Client::connect(&addrs[..], newest).await {
+        match Client::connect_with(&addrs[..], newest, transport).await {
             Err(error) => {
                 let Some(server) = error.version_mismatch() else {
                     return Err(error);
@@ -87,7 +112,7 @@ impl Client {
                     return Err(error);
                 };
                 tracing::debug!(%server, %retry, "server speaks another major: reconnecting");
-                Client::connect(&addrs[..], retry).await
+                Client::connect_with(&addrs[..], retry, transport).await
             }
             connected => connected,
         }
@@ -98,10 +123,20 @@ impl Client {
         stream: TcpStream,
         version: ProtocolVersion,
     ) -> Result<Client, ClientError> {
+        Client::handshake_with(stream, version, TransportMode::Tcp).await
+    }
+
+    /// [`handshake`](Self::handshake) offering RDMA as `transport` says.
+    pub async fn handshake_with(
+        stream: TcpStream,
+        version: ProtocolVersion,
+        transport: TransportMode,
+    ) -> Result<Client, ClientError> {
         stream.set_nodelay(true)?;
         shell_common::tune_or_log(&stream);
         let peer = stream.peer_addr()?;
-        let session = ClientSession::new(version, [0; 24])?;
+        let (caps, prepared) = shell_rdma::client::offer(transport, stream.local_addr()?.ip())?;
+        let session = ClientSession::new(version, caps)?;
         let mut stream = stream;
         let mut session = session;
         flush(&mut stream, &mut session).await?;
@@ -109,8 +144,11 @@ impl Client {
         let ClientEvent::Connected(hello) = event else {
             return Err(proto_core::Error::UnexpectedResponse.into());
         };
+        let rdma = shell_rdma::client::switch(transport, prepared, &hello.caps, stream.as_fd())?
+            .map(Box::new);
         Ok(Client {
             stream,
+            rdma,
             session,
             hello,
             peer,
@@ -309,15 +347,19 @@ impl Client {
             size,
         };
         self.session.send(&request)?;
-        flush(&mut self.stream, &mut self.session).await?;
-        let event = receive_into(
-            &mut self.stream,
-            &mut self.session,
-            Command::GetTensor,
-            size,
-            Some(buffer),
-        )
-        .await?;
+        let event = if self.rdma.is_some() {
+            self.rdma_exchange()?
+        } else {
+            flush(&mut self.stream, &mut self.session).await?;
+            receive_into(
+                &mut self.stream,
+                &mut self.session,
+                Command::GetTensor,
+                size,
+                Some(buffer),
+            )
+            .await?
+        };
         match event {
             ClientEvent::Response(Response::TensorData(data)) => Ok(data),
             _ => Err(unexpected()),
@@ -500,8 +542,13 @@ impl Client {
             _ => command.fixed_response_size().unwrap_or(0),
         };
         self.session.send(&request)?;
-        flush(&mut self.stream, &mut self.session).await?;
-        match receive(&mut self.stream, &mut self.session, command, expected).await? {
+        let event = if self.rdma.is_some() {
+            self.rdma_exchange()?
+        } else {
+            flush(&mut self.stream, &mut self.session).await?;
+            receive(&mut self.stream, &mut self.session, command, expected).await?
+        };
+        match event {
             ClientEvent::Response(response) => Ok(response),
             ClientEvent::Connected(_) => Err(unexpected()),
         }
@@ -513,13 +560,57 @@ impl Client {
             return Err(proto_core::Error::InvalidState("this command has a response").into());
         }
         self.session.send(&request)?;
+        if let Some(link) = self.rdma.as_mut() {
+            return blocking(|| write_all(link, &mut self.session));
+        }
         flush(&mut self.stream, &mut self.session).await
+    }
+
+    /// Whether the connection switched to RDMA.
+    pub fn is_rdma(&self) -> bool {
+        self.rdma.is_some()
+    }
+
+    /// Writes the queued request over RDMA and reads until its response is complete.
+    fn rdma_exchange(&mut self) -> Result<ClientEvent, ClientError> {
+        let (Some(link), session) = (self.rdma.as_mut(), &mut self.session) else {
+            return Err(ClientError::Closed);
+        };
+        blocking(|| {
+            write_all(link, session)?;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                if let Some(event) = session.poll_event()? {
+                    return Ok(event);
+                }
+                let n = link.read(&mut buf)?;
+                session.handle_input(Bytes::copy_from_slice(&buf[..n]));
+            }
+        })
     }
 
     /// Closes the connection (the server then frees everything this client held).
     pub async fn close(mut self) -> Result<(), ClientError> {
         self.stream.shutdown().await?;
         Ok(())
+    }
+}
+
+/// Writes every queued transmit over RDMA.
+fn write_all(link: &mut ClientLink, session: &mut ClientSession) -> Result<(), ClientError> {
+    while let Some(bytes) = session.poll_transmit() {
+        link.write(&bytes)?;
+    }
+    Ok(())
+}
+
+/// Runs a blocking RDMA call without stalling a multi-threaded runtime's other tasks.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

@@ -23,6 +23,12 @@ pub enum ClientError {
     /// A direct copy was asked for, but a server does not offer the remote-copy extension.
     #[error("a server does not offer the remote-copy extension")]
     RemoteCopyUnavailable,
+    /// The RDMA transport failed (the connection is unusable).
+    #[error(transparent)]
+    Rdma(#[from] shell_rdma::StreamError),
+    /// `--transport rdma` could not switch.
+    #[error(transparent)]
+    Refused(#[from] shell_rdma::serve::RefusedError),
 }
 
 impl ClientError {

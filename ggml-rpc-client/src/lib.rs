@@ -100,6 +100,7 @@ mod transport;
 pub use client::{Client, RemoteBuffer};
 pub use error::ClientError;
 pub use remote_copy::{copy_between_servers, copy_rows_between_servers, CopyMode, CopyPath};
+pub use shell_common::TransportMode;
 
 /// The sans-IO protocol core, for the types the client's methods take and return (requests,
 /// responses, tensor records, graphs).

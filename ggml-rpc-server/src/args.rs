@@ -6,8 +6,11 @@ use std::path::PathBuf;
 use clap::Parser;
 use proto_core::comm::LinkVariant;
 use proto_core::wire::ProtocolVersion;
+use shell_common::tls::TlsFiles;
 use shell_common::{
-    CommPeers, DEFAULT_COMM_TIMEOUT, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_MESSAGE_SIZE,
+    CommPeers, DEFAULT_COMM_TIMEOUT, DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_CLIENTS_PER_ADDRESS, DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MIN_PROGRESS_RATE,
+    DEFAULT_PROGRESS_WINDOW,
 };
 
 use crate::shells;
@@ -17,8 +20,8 @@ use crate::shells;
 #[derive(Debug, Parser)]
 #[command(name = "ggml-rpc-server", version)]
 pub struct Args {
-    /// IPv4 address to bind (dotted quad). Anything but 127.0.0.1 exposes the server to the
-    /// network, which has no authentication.
+    /// IPv4 address to bind (dotted quad). Anything but a loopback address needs TLS
+    /// (--tls-cert, --tls-key, --tls-client-ca) or --insecure-plain.
     #[arg(short = 'H', long, default_value = "127.0.0.1", value_parser = parse_host)]
     pub host: Ipv4Addr,
 
@@ -86,6 +89,26 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_CLIENTS, value_parser = parse_max_clients)]
     pub max_clients: usize,
 
+    /// Most clients served at once from one IP address. When an address (or the server) is
+    /// full, its oldest connection still awaiting HELLO, else its session idle longest that
+    /// holds no buffers, is closed to make room; if none can be, the new one is refused.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CLIENTS_PER_ADDRESS, value_parser = parse_max_clients)]
+    pub max_clients_per_address: usize,
+
+    /// Seconds a new connection has to complete HELLO (0: no deadline).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_HELLO_TIMEOUT.as_secs())]
+    pub hello_timeout: u64,
+
+    /// While a message arrives or a reply drains, at least --min-progress-rate bytes a second
+    /// must move, measured over each window of this many seconds, else the connection closes
+    /// (0: no check). Idle sessions between commands are never closed for it.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_PROGRESS_WINDOW.as_secs())]
+    pub progress_window: u64,
+
+    /// The rate in bytes a second of --progress-window.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MIN_PROGRESS_RATE)]
+    pub min_progress_rate: u64,
+
     /// Most bytes of buffers one client may hold (default: unlimited).
     #[arg(long, value_name = "BYTES")]
     pub memory_quota: Option<u64>,
@@ -112,6 +135,31 @@ pub struct Args {
     /// is streamed and not limited by this).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_MESSAGE_SIZE)]
     pub max_message_size: u64,
+
+    /// Transport: `auto` (the reference's behaviour: switch a connection to RDMA when the
+    /// client offers it and a device holds the connection's local address), `tcp` (never),
+    /// `rdma` (only RDMA: a client that does not offer it, or a connection without a device,
+    /// is closed with a logged reason). RDMA needs `--shell tokio` or `smol`.
+    #[arg(long, default_value = "auto", value_parser = ["tcp", "rdma", "auto"])]
+    pub transport: String,
+
+    /// Serve TLS 1.3 with this certificate chain (PEM); needs --tls-key and --tls-client-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_client_ca"])]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA certificates (PEM): a client must present a certificate signed by one of them, or
+    /// it is refused in the TLS handshake, before any command is read.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve plain TCP on a non-loopback --host (no authentication, no encryption: anyone who
+    /// reaches the port controls the server). Without it such a server refuses to start.
+    #[arg(long)]
+    pub insecure_plain: bool,
 
     /// The I/O shell (runtime) that serves the connections.
     #[arg(long, default_value = shells::DEFAULT_SHELL, value_parser = clap::builder::PossibleValuesParser::new(shells::names()))]
@@ -164,9 +212,79 @@ fn parse_max_clients(text: &str) -> Result<usize, String> {
     }
 }
 
+impl Args {
+    /// The TLS files, when --tls-cert, --tls-key and --tls-client-ca are given (clap insists
+    /// on all three together).
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_client_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Why this server must not start: plain TCP on a non-loopback address without
+    /// --insecure-plain.
+    pub fn refused_exposure(&self) -> Option<String> {
+        (!self.host.is_loopback() && self.tls_files().is_none() && !self.insecure_plain).then(|| {
+            format!(
+                "refusing to serve plain TCP on {}: anyone who reaches it controls the server. \
+                 Use --tls-cert/--tls-key/--tls-client-ca, or --insecure-plain on a trusted network",
+                self.host
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_flags() {
+        let args = Args::try_parse_from(["ggml-rpc-server"]).unwrap();
+        assert_eq!(
+            (
+                args.max_clients_per_address,
+                args.hello_timeout,
+                args.progress_window,
+                args.min_progress_rate
+            ),
+            (
+                DEFAULT_MAX_CLIENTS_PER_ADDRESS,
+                DEFAULT_HELLO_TIMEOUT.as_secs(),
+                DEFAULT_PROGRESS_WINDOW.as_secs(),
+                DEFAULT_MIN_PROGRESS_RATE
+            )
+        );
+        let args = Args::try_parse_from([
+            "ggml-rpc-server",
+            "--max-clients-per-address",
+            "3",
+            "--hello-timeout",
+            "0",
+            "--progress-window",
+            "5",
+            "--min-progress-rate",
+            "100",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                args.max_clients_per_address,
+                args.hello_timeout,
+                args.progress_window,
+                args.min_progress_rate
+            ),
+            (3, 0, 5, 100)
+        );
+        assert!(
+            Args::try_parse_from(["ggml-rpc-server", "--max-clients-per-address", "0"]).is_err()
+        );
+    }
 
     #[test]
     fn defaults_are_the_reference_ones() {
@@ -177,6 +295,37 @@ mod tests {
         assert_eq!(args.shell, "tokio");
         assert!(!args.cache && args.cache_dir.is_none() && args.threads.is_none());
         assert!(!args.no_huge_pages && !args.system_congestion_control);
+        assert!(args.tls_files().is_none() && args.refused_exposure().is_none());
+    }
+
+    #[test]
+    fn plain_tcp_beyond_loopback_needs_tls_or_insecure_plain() {
+        let args = Args::try_parse_from(["s", "-H", "0.0.0.0"]).unwrap();
+        assert!(args
+            .refused_exposure()
+            .unwrap()
+            .contains("--insecure-plain"));
+        let args = Args::try_parse_from(["s", "-H", "0.0.0.0", "--insecure-plain"]).unwrap();
+        assert!(args.refused_exposure().is_none());
+        let args = Args::try_parse_from(["s", "-H", "127.0.0.2"]).unwrap();
+        assert!(args.refused_exposure().is_none());
+        let tls = [
+            "s",
+            "-H",
+            "10.0.0.1",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--tls-client-ca",
+            "ca",
+        ];
+        let args = Args::try_parse_from(tls).unwrap();
+        assert!(args.refused_exposure().is_none());
+        assert_eq!(args.tls_files().unwrap().ca, PathBuf::from("ca"));
+        // All three or none.
+        assert!(Args::try_parse_from(["s", "--tls-cert", "c", "--tls-key", "k"]).is_err());
+        assert!(Args::try_parse_from(["s", "--tls-client-ca", "ca"]).is_err());
     }
 
     #[test]

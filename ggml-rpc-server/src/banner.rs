@@ -10,6 +10,7 @@ use proto_core::ggml::GgmlTable;
 use proto_core::wire::ProtocolVersion;
 
 use crate::devices::DeviceInfo;
+use shell_common::transport::{TransportMode, NO_RDMA_ENV};
 
 /// The banner printed to stdout once the server listens.
 pub fn banner(
@@ -18,6 +19,7 @@ pub fn banner(
     endpoint: SocketAddr,
     cache: Option<&Path>,
     devices: &[DeviceInfo],
+    transport: &str,
 ) -> String {
     let mut out = String::new();
     let cache = cache.map_or_else(|| "n/a".to_owned(), |dir| dir.display().to_string());
@@ -39,8 +41,33 @@ pub fn banner(
             device.memory.free / (1024 * 1024)
         );
     }
-    let _ = writeln!(out, "  transport      : TCP");
+    let _ = writeln!(out, "  transport      : {transport}");
     out
+}
+
+/// The banner's transport line: the reference's texts ("TCP", "TCP (RDMA auto-negotiate
+/// enabled)", §10.5), told truthfully for this server's mode, shell and RDMA devices.
+pub fn transport_line(
+    mode: TransportMode,
+    shell_switches: bool,
+    rdma_devices: &[String],
+) -> String {
+    let devices = if rdma_devices.is_empty() {
+        "no RDMA device found".to_owned()
+    } else {
+        format!("devices: {}", rdma_devices.join(", "))
+    };
+    match (mode, shell_switches) {
+        (TransportMode::Tcp, _) => "TCP".to_owned(),
+        (_, false) => "TCP (this shell does not switch to RDMA)".to_owned(),
+        (TransportMode::Auto, true) if std::env::var_os(NO_RDMA_ENV).is_some() => {
+            format!("TCP ({NO_RDMA_ENV} is set)")
+        }
+        (TransportMode::Auto, true) => format!("TCP (RDMA auto-negotiate enabled; {devices})"),
+        (TransportMode::Rdma, true) => {
+            format!("RDMA only (clients without RDMA are refused; {devices})")
+        }
+    }
 }
 
 /// Which llama.cpp clients a protocol serves, and what the others need: 8.0.0 and 8.0.1
@@ -78,9 +105,17 @@ pub fn comm_link(version: ProtocolVersion, link: LinkVariant) -> Option<&'static
 /// The warning block printed to stderr when the server binds to anything but 127.0.0.1; with
 /// `comm_open` (protocol 8 without `--comm-peers`) one more line says that clients can make the
 /// server connect anywhere.
-pub fn exposure_warning(host: &str, comm_open: bool) -> Option<String> {
+pub fn exposure_warning(host: &str, comm_open: bool, tls: bool) -> Option<String> {
     if host == "127.0.0.1" {
         return None;
+    }
+    if tls {
+        // Clients need a certificate of the CA; the comm link (COMM_INIT) is still plain TCP.
+        return comm_open.then(|| {
+            "\nWARNING: TLS protects the client port only: the comm link (COMM_INIT) is \
+             plain TCP; limit it with --comm-peers.\n\n"
+                .to_owned()
+        });
     }
     let bar = "!".repeat(73);
     let comm = if comm_open {
@@ -119,6 +154,7 @@ mod tests {
             "127.0.0.1:50052".parse().unwrap(),
             None,
             &devices,
+            "TCP",
         );
         assert_eq!(
             text,
@@ -127,6 +163,20 @@ mod tests {
              --protocol 8.0.1\n  comm link      : 8.0.0 pairwise (two servers)\n  \
              local cache    : n/a\n\
              Devices:\n  CPU: Some CPU (8 MiB, 3 MiB free)\n  transport      : TCP\n"
+        );
+    }
+
+    #[test]
+    fn transport_line_tells_mode_shell_and_devices() {
+        let none: [String; 0] = [];
+        assert_eq!(transport_line(TransportMode::Tcp, true, &none), "TCP");
+        assert_eq!(
+            transport_line(TransportMode::Auto, false, &none),
+            "TCP (this shell does not switch to RDMA)"
+        );
+        assert_eq!(
+            transport_line(TransportMode::Rdma, true, &["rxe0".into()]),
+            "RDMA only (clients without RDMA are refused; devices: rxe0)"
         );
     }
 
@@ -149,13 +199,20 @@ mod tests {
 
     #[test]
     fn warning_only_off_loopback() {
-        assert_eq!(exposure_warning("127.0.0.1", true), None);
-        let warning = exposure_warning("0.0.0.0", false).unwrap();
+        assert_eq!(exposure_warning("127.0.0.1", true, false), None);
+        let warning = exposure_warning("0.0.0.0", false, false).unwrap();
         assert!(warning.contains("WARNING: Host ('0.0.0.0') is != '127.0.0.1'"));
         assert!(warning.contains("         Never expose the RPC server to an open network!"));
         assert!(!warning.contains("--comm-peers"));
-        let warning = exposure_warning("0.0.0.0", true).unwrap();
+        let warning = exposure_warning("0.0.0.0", true, false).unwrap();
         assert!(warning.contains("         COMM_INIT lets any client"));
         assert!(warning.contains("limit that with --comm-peers."));
+        // With TLS only the comm link is left to warn about.
+        assert_eq!(exposure_warning("0.0.0.0", false, true), None);
+        let warning = exposure_warning("0.0.0.0", true, true).unwrap();
+        assert!(
+            warning.contains("comm link (COMM_INIT) is plain TCP"),
+            "{warning}"
+        );
     }
 }

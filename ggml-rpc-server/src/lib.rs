@@ -46,6 +46,7 @@ pub fn init_tracing(verbose: u8) {
 /// The whole process after argument parsing: devices, cache, bind, start the shell, banner,
 /// serve until SIGINT/SIGTERM, graceful shutdown.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    shell_common::freed_memory::return_large_blocks();
     let selected = match devices::select(args.device.as_deref()) {
         Ok(selected) => selected,
         Err(unknown) => {
@@ -95,9 +96,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         })
         .transpose()?;
 
+    if let Some(reason) = args.refused_exposure() {
+        eprintln!("error: {reason}");
+        return Ok(ExitCode::FAILURE);
+    }
+    let tls = args
+        .tls_files()
+        .map(|files| shell_common::tls::ServerTls::load(&files))
+        .transpose()
+        .context("cannot set up TLS")?;
+
     let version = args.protocol;
     let mut config = ServerConfig::new(version);
     config.max_clients = args.max_clients;
+    config.max_clients_per_address = args.max_clients_per_address;
+    let seconds = |n: u64| (n > 0).then(|| std::time::Duration::from_secs(n));
+    config.hello_timeout = seconds(args.hello_timeout);
+    config.progress_window = seconds(args.progress_window);
+    config.min_progress_rate = args.min_progress_rate;
     config.memory_quota = args.memory_quota;
     config.max_message_size = args.max_message_size;
     config.tensor_cache = cache.map(|cache| Arc::new(cache) as Arc<dyn TensorCache>);
@@ -112,20 +128,51 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("cannot resolve a --peer address")?;
     // As the reference: set (to anything) on any one rank, the group takes the pairwise path.
     config.backend_communicator = std::env::var_os("GGML_RPC_NO_BACKEND_COMMUNICATOR").is_none();
+    config.tls = tls;
 
     let config_link = config.link_variant();
     let shell =
         shells::find(&args.shell).with_context(|| format!("unknown shell {}", args.shell))?;
+    let transport: shell_common::TransportMode =
+        args.transport.parse().map_err(anyhow::Error::msg)?;
+    let switches = shells::switches_transport(shell.name());
+    if transport == shell_common::TransportMode::Rdma && !switches {
+        anyhow::bail!("--transport rdma needs --shell tokio or smol");
+    }
+    config.transport = if switches {
+        transport
+    } else {
+        shell_common::TransportMode::Tcp
+    };
+    let transport_line = banner::transport_line(
+        transport,
+        switches,
+        &if transport == shell_common::TransportMode::Tcp {
+            Vec::new()
+        } else {
+            shell_rdma::sys::device_names()
+        },
+    );
     let shutdown = ShutdownSignal::install()?;
     let comm_open = version.major >= 8 && !config.comm_peers.is_restricted();
-    if let Some(warning) = banner::exposure_warning(&args.host.to_string(), comm_open) {
+    let exposed = args.host.to_string();
+    if let Some(warning) = banner::exposure_warning(&exposed, comm_open, config.tls.is_some()) {
         eprint!("{warning}");
     }
     let addr = SocketAddr::from((args.host, args.port));
     // std sets SO_REUSEADDR on Unix listeners (backlog 128).
     let listener = TcpListener::bind(addr).with_context(|| format!("cannot bind {addr}"))?;
     tracing::debug!(shell = shell.name(), threads, "starting");
+    let tls_files = config.tls.as_ref().map(|tls| tls.files.clone());
     let server = shell.start(listener, devices.backend, config)?;
+    if let Some(files) = tls_files {
+        // The comm link (COMM_INIT) has no TLS yet: only the client port is protected.
+        tracing::info!(
+            cert = %files.cert.display(),
+            client_ca = %files.ca.display(),
+            "TLS 1.3: clients must present a certificate of the client CA; the comm link stays plain TCP"
+        );
+    }
     print!(
         "{}",
         banner::banner(
@@ -133,7 +180,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             config_link,
             server.local_addr(),
             cache_dir.as_deref(),
-            &devices.list
+            &devices.list,
+            &transport_line,
         )
     );
     {

@@ -56,6 +56,12 @@ pub const DEFAULT_SHELL: &str = if cfg!(feature = "tokio") {
     "smol"
 };
 
+/// Whether a shell answers HELLO's transport caps and moves connections to RDMA
+/// (`shell_rdma::serve`); the io_uring shell stays on TCP.
+pub fn switches_transport(name: &str) -> bool {
+    matches!(name, "tokio" | "smol")
+}
+
 /// The names of [`SHELLS`].
 pub fn names() -> Vec<&'static str> {
     SHELLS.iter().map(|shell| shell.name()).collect()
@@ -230,6 +236,16 @@ impl Shell for TokioShell {
     }
 }
 
+/// A shell without TLS refuses a configuration with it at start, rather than serve in clear.
+#[cfg(any(feature = "smol", all(feature = "uring", target_os = "linux")))]
+fn refuse_tls(shell: &str, config: &ServerConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.tls.is_none(),
+        "the {shell} shell cannot serve TLS (--tls-cert/--tls-key/--tls-client-ca): use --shell tokio"
+    );
+    Ok(())
+}
+
 /// Worker threads of the tokio shell: one per CPU this process may run on, but never fewer
 /// than two. A lone client's heavy calls (graph compute) run inline only while another worker
 /// is there to keep the sockets; with a single worker each one would go through
@@ -266,6 +282,7 @@ impl Shell for UringShell {
         backend: Arc<dyn Backend>,
         config: ServerConfig,
     ) -> anyhow::Result<RunningServer> {
+        refuse_tls("uring", &config)?;
         let uring = shell_uring::ServerConfig::from_base(config);
         // The error already reads "io_uring is not available: ..." when the kernel refuses it.
         let server = shell_uring::Server::start(listener, backend, uring)?;
@@ -303,6 +320,7 @@ impl Shell for SmolShell {
     ) -> anyhow::Result<RunningServer> {
         // Refuse an unsupported version here, before a thread is started.
         config.connection_config()?;
+        refuse_tls("smol", &config)?;
         let addr = listener.local_addr()?;
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         // Never sent to: dropping the sender is the shutdown signal.

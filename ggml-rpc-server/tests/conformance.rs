@@ -20,6 +20,7 @@ use bytes::Bytes;
 use common::{bytes_tensor, capture_logs, f32_tensor, pattern, within, Raw, TestServer};
 use ggml_rpc_client::{Client, ClientError};
 use ggml_rpc_server::ServerConfig;
+use ggml_rpc_tests::hostile::ABANDONED_SET_TENSOR;
 use proto_core::ggml::types::id;
 use proto_core::ggml::{flags, Op};
 use proto_core::session::GraphSubmission;
@@ -600,27 +601,14 @@ async fn disconnecting_in_the_middle_of_a_large_set_tensor(shell: &'static str) 
     let baseline_bytes = server.backend.used_bytes();
 
     let mut raw = Raw::connect_hello(server.addr, Dialect::V8).await;
-    let len = 256u32 << 20;
-    let (handle, base) = raw.alloc(u64::from(len)).await;
-    let tensor = bytes_tensor(9, handle, base, len);
-    let header = SetTensorHeader {
-        tensor,
-        cache_flag: 0,
-        offset: 0,
-    };
     // The frame announces 256 MiB of data; the client sends the header and 100 MiB of it,
-    // then goes away.
-    let head = Request::SetTensor {
-        header: Box::new(header),
-        data: Bytes::from_static(&[0; 1]),
-    }
-    .to_frame(Dialect::V8)
-    .unwrap();
-    let mut head = head[..head.len() - 1].to_vec();
-    head[1..9].copy_from_slice(&(SetTensorHeader::SIZE as u64 + u64::from(len)).to_le_bytes());
-    raw.write(&head).await;
+    // then goes away (the same bytes `ggml-rpc conformance` sends).
+    let case = ABANDONED_SET_TENSOR;
+    let (handle, base) = raw.alloc(u64::from(case.announced)).await;
+    raw.write(&case.head(Dialect::V8, handle, base).unwrap())
+        .await;
     let piece = vec![0x5a; 4 << 20];
-    for _ in 0..25 {
+    for _ in 0..case.sent / piece.len() as u64 {
         raw.write(&piece).await;
     }
     drop(raw);
@@ -734,6 +722,10 @@ async fn clients_beyond_the_limit_are_refused(shell: &'static str) {
     let server = TestServer::start(shell, config);
     let mut first = server.client(ProtocolVersion::V8_0_0).await;
     let mut second = server.client(ProtocolVersion::V8_0_0).await;
+    // Clients holding buffers never give way to a new one (see tests/admission.rs).
+    for client in [&mut first, &mut second] {
+        client.alloc_buffer(0, 4096).await.unwrap().unwrap();
+    }
     // The third connection is accepted by the kernel and closed by the server at once.
     let mut third = Raw::connect(server.addr, Dialect::V8).await;
     third.expect_closed().await;

@@ -100,7 +100,11 @@ fn serves_clients_and_stops_on_sigterm_with(shell: &str) {
     assert!(banner.contains(&format!("  endpoint       : 127.0.0.1:{port}\n")));
     assert!(banner.contains(&format!("  local cache    : {}\n", cache_dir.display())));
     assert!(banner.contains("Devices:\n  CPU: "));
-    assert!(banner.contains(" MiB free)\n  transport      : TCP\n"));
+    // `--transport auto`: TCP until a client switches (the line says why or why not).
+    assert!(
+        banner.contains(" MiB free)\n  transport      : TCP ("),
+        "{banner}"
+    );
     assert!(
         banner.contains("  clients        : llama.cpp of protocol 8.0.1 (b12032 and later)"),
         "{banner}"
@@ -279,7 +283,15 @@ fn deny_io_uring_setup() -> std::io::Result<()> {
 #[test]
 fn protocol_7_and_the_exposure_warning() {
     let port = free_port().to_string();
-    let (child, banner) = start(&["-H", "0.0.0.0", "-p", &port, "--protocol", "7"]);
+    let (child, banner) = start(&[
+        "-H",
+        "0.0.0.0",
+        "--insecure-plain",
+        "-p",
+        &port,
+        "--protocol",
+        "7",
+    ]);
     assert!(
         banner.starts_with("Starting RPC server v7.0.0\n"),
         "{banner}"
@@ -292,6 +304,36 @@ fn protocol_7_and_the_exposure_warning() {
         "{stderr}"
     );
     assert!(stderr.contains("Never expose the RPC server to an open network!"));
+}
+
+#[test]
+fn plain_tcp_off_loopback_without_insecure_plain_exits_1() {
+    let port = free_port().to_string();
+    let output = Command::new(SERVER)
+        .args(["-H", "0.0.0.0", "-p", &port])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("refusing to serve plain TCP on 0.0.0.0"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unreadable_tls_files_exit_1_naming_the_file() {
+    let port = free_port().to_string();
+    let output = Command::new(SERVER)
+        .args(["-p", &port, "--tls-cert", "/nonexistent/server.crt"])
+        .args(["--tls-key", "/nonexistent/server.key"])
+        .args(["--tls-client-ca", "/nonexistent/ca.crt"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot set up TLS"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/"), "{stderr}");
 }
 
 #[test]

@@ -77,6 +77,8 @@ fn serve(
                 .remote_copy_done(proto_core::wire::RemoteCopyStatus::PeerUnreachable)
                 .map_err(io::Error::other)?,
             Action::Comm(_) => {}
+            // TCP only: all-zero caps (only asked with `negotiate_transport`, left off here).
+            Action::Upgrade(_) => conn.answer_hello([0; 24]).map_err(io::Error::other)?,
             Action::SendInPlace => {
                 // Straight from backend memory to the socket.
                 let mut failed = None;

@@ -193,6 +193,8 @@ impl<B: Backend + ?Sized> Pair<B> {
                     self.server.comm_init_done(request.device, false)?
                 }
                 Action::Comm(CommWork::Allreduce { .. } | CommWork::Free { .. }) => {}
+                // One transport in memory: stay on it.
+                Action::Upgrade(_) => self.server.answer_hello([0; 24])?,
                 // No second server in memory: the peer cannot be reached.
                 Action::Comm(CommWork::RemoteCopy(_)) => self
                     .server

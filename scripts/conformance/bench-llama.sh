@@ -24,11 +24,18 @@
 #   --no-pin           do not pin (default: llama-bench on the first CPU, the servers on the
 #                      others, when there are two CPUs or more)
 #   --logdir DIR       default target/conformance/bench (b11434), target/conformance/bench/TAG
+#   --no-roofline      skip the memory bandwidth probe and the tg rows' "% of the bound"
+#
+# The roofline: before the rounds, backend-cpu's `membw` example measures the memory read
+# bandwidth with the servers' thread count on the servers' CPUs; each tg row then shows the
+# weight bytes a token streams (every tensor of the GGUF but token_embd, which the client's
+# GET_ROWS reads one row of; all of it when the output layer shares it) and
+# A's and B's t/s x those bytes as a % of that bandwidth.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-peer=b11434 mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=5 rounds=3 pp=64 tg=32 fa=off client_threads=1 pin=auto
+roofline=1 peer=b11434 mode=ours server_cmd="" models="" note="" tiny_only=0 threads=1 reps=5 rounds=3 pp=64 tg=32 fa=off client_threads=1 pin=auto
 logdir=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -46,6 +53,7 @@ while [ $# -gt 0 ]; do
         --client-threads) client_threads=$2; shift 2 ;;
         --no-pin) pin=off; shift ;;
         --logdir) logdir=$2; shift 2 ;;
+        --no-roofline) roofline=0; shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
     esac
@@ -91,8 +99,14 @@ else
     a_cmd=$server_cmd a_name=ours b_name=reference
 fi
 
+membw_cmd=""
+if [ "$roofline" = 1 ]; then
+    conf_build_membw
+    membw_cmd="$MEMBW --threads $threads"
+fi
+
 exec python3 -B "$CONF_DIR/bench_run.py" --bench "$PEER_BIN/llama-bench" --a-cmd "$a_cmd" \
     --b-cmd "$ref_cmd" --a-name "$a_name" --b-name "$b_name" --models "$models" \
     -p "$pp" -n "$tg" -r "$reps" --rounds "$rounds" --fa "$fa" \
-    --client-threads "$client_threads" --pin "$pin" --logdir "$logdir" \
+    --client-threads "$client_threads" --pin "$pin" --logdir "$logdir" --membw-cmd "$membw_cmd" \
     --note "llama.cpp $peer${note:+; $note, --protocol $proto}"

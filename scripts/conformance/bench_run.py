@@ -19,6 +19,11 @@ compete). Unpinned on a 2-vCPU VM, the tiny models' generation jumps between two
 2x apart (about 600 and 1300-1700 t/s) for whole series of repetitions, for either server,
 as the scheduler moves the client and the server between the vCPUs; pinned, both servers
 hold the fast level.
+
+With `--membw-cmd` (backend-cpu's `membw` example, run on the servers' CPUs before the
+rounds), each tg row also shows the weight bytes a token streams (gguf_weights.py) and each
+server's t/s x those bytes as a % of the measured read bandwidth: the roofline of a decode
+step, which reads every weight once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import subprocess
 import sys
 
 import conflib
+import gguf_weights
 from conflib import Server, log
 
 conflib.LOG_TAG = "bench"
@@ -55,6 +61,32 @@ def spread(xs: list[float] | None, rc) -> str:
     return f"{median(xs):.1f} ({quantile(xs, 0.25):.0f}-{quantile(xs, 0.75):.0f})"
 
 
+def weight_bytes(model: str) -> int | None:
+    """Weight bytes one token streams, or None when the file cannot be read as GGUF."""
+    try:
+        return gguf_weights.bytes_per_token(model)
+    except (OSError, ValueError) as e:
+        log(f"{model}: no weight bytes for the roofline ({e})")
+        return None
+
+
+def measure_bandwidth(cmd: str, cpus: set[int] | None) -> float | None:
+    """Bytes/s the probe reports (`read_gb_s=X`), run with the servers' CPU affinity."""
+    log(f"memory bandwidth probe: {cmd}")
+    try:
+        p = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=600,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log(f"membw failed: {e}")
+        return None
+    for field in p.stdout.split():
+        if field.startswith("read_gb_s="):
+            log(p.stdout.strip())
+            return float(field.split("=", 1)[1]) * 1e9
+    log(f"membw printed no read_gb_s (exit {p.returncode}): {p.stdout.strip()} {p.stderr.strip()}")
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", required=True, help="llama-bench binary")
@@ -74,6 +106,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--logdir", default="target/conformance/bench")
     ap.add_argument("--note", default="", help="printed under the table title (e.g. our server build)")
+    ap.add_argument("--membw-cmd", default="", help="memory read bandwidth probe (prints read_gb_s=X)")
     args = ap.parse_args()
     os.makedirs(args.logdir, exist_ok=True)
 
@@ -86,6 +119,7 @@ def main() -> int:
     server_cpus = set(usable[1:]) if pin else None
     if pin:
         log(f"pinned: llama-bench on CPU {usable[0]}, servers on CPUs {','.join(map(str, usable[1:]))}")
+    bandwidth = measure_bandwidth(args.membw_cmd, server_cpus) if args.membw_cmd else None
     a = Server(args.a_cmd, None, args.logdir, f"{args.a_name}-server", cpus=server_cpus)
     b = Server(args.b_cmd, None, args.logdir, f"{args.b_name}-server", cpus=server_cpus)
     rows = []
@@ -139,9 +173,10 @@ def main() -> int:
                 if test not in tests:
                     tests.append(test)
             for test in tests:
-                rows.append((mname, test, params, samples.get((test, "a")), samples.get((test, "b")), rc))
+                rows.append((mname, test, params, samples.get((test, "a")), samples.get((test, "b")), rc,
+                             weight_bytes(model) if test.startswith("tg") else None))
             if not tests:
-                rows.append((mname, "-", 0, None, None, rc))
+                rows.append((mname, "-", 0, None, None, rc, None))
     finally:
         a.stop()
         b.stop()
@@ -151,15 +186,23 @@ def main() -> int:
           f"tokens/s, median of every repetition (middle half in brackets)")
     if args.note:
         print(args.note)
+    roof = bandwidth is not None
+    if roof:
+        print(f"roofline: memory read bandwidth {bandwidth / 1e9:.1f} GB/s (membw on the servers' CPUs); "
+              "tg rows: weight MB a token streams, and t/s x those bytes as % of the bandwidth (A / B)")
     hdr = (f"{'model':<24} {'params':>8} {'test':<6} {args.a_name + ' t/s':>24} "
-           f"{args.b_name + ' t/s':>24} {'A/B':>6}")
+           f"{args.b_name + ' t/s':>24} {'A/B':>6}" + (f" {'MB/tok':>7} {'% of bound A / B':>17}" if roof else ""))
     print(hdr)
     print("-" * len(hdr))
-    for mname, test, params, sa, sb, rc in rows:
+    for mname, test, params, sa, sb, rc, wbytes in rows:
         ptxt = f"{params / 1e6:.0f}M" if params else "-"
         ma, mb = (median(sa) if sa else None), (median(sb) if sb else None)
         ratio = f"{ma / mb:6.2f}" if ma and mb else "     -"
-        print(f"{mname:<24} {ptxt:>8} {test:<6} {spread(sa, rc):>24} {spread(sb, rc):>24} {ratio}")
+        line = f"{mname:<24} {ptxt:>8} {test:<6} {spread(sa, rc):>24} {spread(sb, rc):>24} {ratio}"
+        if roof and wbytes:
+            pct = " / ".join(f"{m * wbytes / bandwidth * 100:.0f}%" if m else "-" for m in (ma, mb))
+            line += f" {wbytes / 1e6:7.1f} {pct:>17}"
+        print(line)
     print(f"\nraw results: {args.logdir}/*.jsonl")
     return rc_all
 

@@ -74,6 +74,16 @@ conf_build_our_server() {
     OUR_SERVER="$snap"
 }
 
+# conf_build_membw: build the memory read bandwidth probe (backend-cpu's example `membw`, the
+# roofline of the bench tables) and set MEMBW to it.
+conf_build_membw() {
+    MEMBW="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/examples/membw"
+    if [ ! -x "$MEMBW" ] || [ "${CONFORMANCE_REBUILD:-1}" = 1 ]; then
+        (cd "$REPO_ROOT" && cargo build --release -p backend-cpu --example membw) \
+            || conf_die "cargo build of the membw probe failed"
+    fi
+}
+
 conf_free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }

@@ -115,7 +115,7 @@ start_servers() {
         fi
         log="$logdir/$LOG_TAG$kind-$count-$i.log"
         if [ "$kind" = ours ]; then
-            cmd=("$OUR_SERVER" --protocol "$OUR_PROTO" -t 1 -H "$host" -p "$port" -v --comm-timeout 30)
+            cmd=("$OUR_SERVER" --protocol "$OUR_PROTO" -t 1 -H "$host" --insecure-plain -p "$port" -v --comm-timeout 30)
         else
             cmd=(env GGML_RPC_NO_RDMA=1 "$REF_SERVER" -d CPU -t 1 -H "$host" -p "$port")
         fi

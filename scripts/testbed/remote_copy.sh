@@ -21,8 +21,8 @@ for rate in "${rates[@]}"; do
     cat >/tmp/remote_copy_tb.sh <<EOS
 set -e
 # Host 1: server A, allowed to push to host 2; host 2: server B; host 3: the client.
-"\$TESTBED" spawn 1 "$server" -H "\$TESTBED_ADDR_1" -p 50052 --peer "\$TESTBED_ADDR_2:50052" >/dev/null
-"\$TESTBED" spawn 2 "$server" -H "\$TESTBED_ADDR_2" -p 50052 >/dev/null
+"\$TESTBED" spawn 1 "$server" -H "\$TESTBED_ADDR_1" --insecure-plain -p 50052 --peer "\$TESTBED_ADDR_2:50052" >/dev/null
+"\$TESTBED" spawn 2 "$server" -H "\$TESTBED_ADDR_2" --insecure-plain -p 50052 >/dev/null
 sleep 1
 for size in $sizes; do
     printf 'rate=%s ' "$rate"

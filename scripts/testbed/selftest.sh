@@ -143,8 +143,8 @@ if grep -q ' 10\.77\.0\.' <<<"$(ip -o addr show)"; then fail "an address of the 
 
 # ---------------------------------------------------------------- 2. servers, probes
 say "2. our server in hosts 1 and 2, probes from host 3 and host 1"
-read -r pid1 log1 < <("$T" spawn --id "$A" 1 "$SERVER" -H 10.77.0.1 -p 50052)
-read -r pid2 _ < <("$T" spawn --id "$A" 2 "$SERVER" -H 10.77.0.2 -p 50052)
+read -r pid1 log1 < <("$T" spawn --id "$A" 1 "$SERVER" -H 10.77.0.1 --insecure-plain -p 50052)
+read -r pid2 _ < <("$T" spawn --id "$A" 2 "$SERVER" -H 10.77.0.2 --insecure-plain -p 50052)
 wait_listen "$A" 3 10.77.0.1 50052
 wait_listen "$A" 3 10.77.0.2 50052
 for target_host in 10.77.0.1 10.77.0.2; do
@@ -176,7 +176,7 @@ say "4. a second test bed on the same subnet, up at the same time"
 B=$(up --hosts 2 --rate none)
 ids+=("$B")
 [ "$A" != "$B" ] || fail "two test beds got the same ID $A"
-read -r pidb _ < <("$T" spawn --id "$B" 1 "$SERVER" -H 10.77.0.1 -p 50053)
+read -r pidb _ < <("$T" spawn --id "$B" 1 "$SERVER" -H 10.77.0.1 --insecure-plain -p 50053)
 wait_listen "$B" 2 10.77.0.1 50053
 if can_connect "$B" 2 10.77.0.1 50052; then fail "test bed $B reaches $A's server"; fi
 can_connect "$A" 3 10.77.0.1 50052 || fail "host 3 of $A lost its server"
@@ -250,7 +250,7 @@ signal_case INT 130
 say "8. run --hosts 2 --rate none: the same transfer unshaped"
 # shellcheck disable=SC2016  # expanded by the inner bash
 out=$("$T" run --hosts 2 --rate none -- bash -c '
-    "$TESTBED" spawn 1 "$0" -H "$TESTBED_ADDR_1" -p 50052 >/dev/null
+    "$TESTBED" spawn 1 "$0" -H "$TESTBED_ADDR_1" --insecure-plain -p 50052 >/dev/null
     for _ in $(seq 1 100); do
         "$TESTBED" exec 2 timeout 2 bash -c ": </dev/tcp/$TESTBED_ADDR_1/50052" 2>/dev/null && break
         sleep 0.1

@@ -7,17 +7,29 @@ use std::time::Duration;
 use proto_core::backend::Backend;
 use proto_core::comm::LinkVariant;
 use proto_core::dispatch::{DispatcherConfig, TicketBoard};
+
+use crate::transport::TransportMode;
 use proto_core::driver::Connection;
 use proto_core::graph::GraphLimits;
 use proto_core::session::ServerSessionConfig;
 use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
+use crate::admission::{ClientSlots, Limits};
 use crate::comm_link::{CommLinks, CommPeers, CommSettings};
 use crate::remote_copy::PeerAllowList;
+use crate::tls::ServerTls;
 
 /// Default for [`ServerConfig::max_clients`].
 pub const DEFAULT_MAX_CLIENTS: usize = 64;
+/// Default for [`ServerConfig::max_clients_per_address`].
+pub const DEFAULT_MAX_CLIENTS_PER_ADDRESS: usize = 32;
+/// Default for [`ServerConfig::hello_timeout`].
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`ServerConfig::progress_window`].
+pub const DEFAULT_PROGRESS_WINDOW: Duration = Duration::from_secs(30);
+/// Default for [`ServerConfig::min_progress_rate`]: 4 KiB/s.
+pub const DEFAULT_MIN_PROGRESS_RATE: u64 = 4096;
 /// Default for [`ServerConfig::max_message_size`]: 256 MiB.
 pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
 /// Default for [`ServerConfig::comm_timeout`].
@@ -33,6 +45,15 @@ pub struct ServerConfig {
     /// Most clients served at once; further connections are closed right after `accept`,
     /// with a log line.
     pub max_clients: usize,
+    /// Most clients served at once from one IP address (see [`crate::admission`]).
+    pub max_clients_per_address: usize,
+    /// How long a connection may take to complete HELLO (`None`: forever).
+    pub hello_timeout: Option<Duration>,
+    /// While a message arrives or a reply drains, at least `min_progress_rate` bytes a second
+    /// must move, measured over each window of this length (`None`: no check).
+    pub progress_window: Option<Duration>,
+    /// Bytes a second a message in progress must move (see `progress_window`).
+    pub min_progress_rate: u64,
     /// Most bytes of buffers one client may hold (`None`: unlimited). An ALLOC_BUFFER past it
     /// closes that client's connection.
     pub memory_quota: Option<u64>,
@@ -64,6 +85,12 @@ pub struct ServerConfig {
     pub remote_copy: bool,
     /// Where REMOTE_COPY_TENSOR may push to (`--peer HOST:PORT`; default none: refused).
     pub peers: PeerAllowList,
+    /// `--transport` (default TCP only: all-zero caps, as before the RDMA transport). Shells
+    /// that can switch (tokio, smol) answer HELLO's caps with `shell-rdma`.
+    pub transport: TransportMode,
+    /// TLS 1.3 with client certificates (`--tls-*`; default none: plain TCP). A shell that
+    /// cannot do TLS refuses to start with it set.
+    pub tls: Option<ServerTls>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -71,6 +98,10 @@ impl std::fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("version", &self.version)
             .field("max_clients", &self.max_clients)
+            .field("max_clients_per_address", &self.max_clients_per_address)
+            .field("hello_timeout", &self.hello_timeout)
+            .field("progress_window", &self.progress_window)
+            .field("min_progress_rate", &self.min_progress_rate)
             .field("memory_quota", &self.memory_quota)
             .field("max_message_size", &self.max_message_size)
             .field("tensor_cache", &self.tensor_cache.is_some())
@@ -82,6 +113,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("remote_copy", &self.remote_copy)
             .field("peers", &self.peers)
+            .field("transport", &self.transport)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -95,6 +128,10 @@ impl ServerConfig {
         ServerConfig {
             version,
             max_clients: DEFAULT_MAX_CLIENTS,
+            max_clients_per_address: DEFAULT_MAX_CLIENTS_PER_ADDRESS,
+            hello_timeout: Some(DEFAULT_HELLO_TIMEOUT),
+            progress_window: Some(DEFAULT_PROGRESS_WINDOW),
+            min_progress_rate: DEFAULT_MIN_PROGRESS_RATE,
             memory_quota: None,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             tensor_cache: None,
@@ -106,6 +143,8 @@ impl ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             remote_copy: true,
             peers: PeerAllowList::none(),
+            transport: TransportMode::Tcp,
+            tls: None,
         }
     }
 
@@ -127,16 +166,30 @@ impl ServerConfig {
         dispatcher.tensor_cache = self.tensor_cache.clone();
         // One ticket board per server: every connection of it shares this config.
         dispatcher.remote_copy = self.remote_copy.then(|| Arc::new(TicketBoard::new()));
+        dispatcher.negotiate_transport = self.transport != TransportMode::Tcp;
         Ok(ConnectionConfig {
             session,
             dispatcher,
+            transport: self.transport,
             comm: CommSettings {
                 variant: self.link_variant(),
                 backend_communicator: self.backend_communicator,
                 timeout: self.comm_timeout,
                 peers: self.comm_peers.clone(),
                 copy_peers: Arc::new(self.peers.clone()),
+                copy_tls: self.tls.as_ref().map(|tls| tls.client.clone()),
             },
+        })
+    }
+
+    /// The client places and deadlines of this server, for its accept loops.
+    pub fn client_slots(&self) -> ClientSlots {
+        ClientSlots::with_limits(Limits {
+            max_clients: self.max_clients,
+            max_per_address: self.max_clients_per_address,
+            hello_timeout: self.hello_timeout,
+            progress_window: self.progress_window,
+            min_progress_rate: self.min_progress_rate,
         })
     }
 
@@ -159,6 +212,8 @@ pub struct ConnectionConfig {
     pub dispatcher: DispatcherConfig,
     /// How comm links are set up, and the bound on every wait for a peer.
     pub comm: CommSettings,
+    /// `--transport`: how the shell answers HELLO's transport caps.
+    pub transport: TransportMode,
 }
 
 impl ConnectionConfig {

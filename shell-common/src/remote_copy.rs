@@ -15,6 +15,8 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use proto_core::backend::{Backend, TensorLocation};
 use proto_core::dispatch::RemoteCopyWork;
+
+use crate::tls::ClientTls;
 use proto_core::wire::{
     Command, Dialect, ProtocolVersion, RemoteCopyStatus, Request, Response, SetTensorHeader,
     Tensor2dHeader, EXTENSION_REMOTE_COPY, HELLO_FLAG_EXTENSIONS, REQUEST_HEADER_SIZE,
@@ -165,19 +167,41 @@ impl RemoteCopyError {
 /// Runs one remote copy: connect to B (allow-listed), HELLO, EXTENSIONS, ATTACH, one
 /// SET_TENSOR streamed from backend memory, DEVICE_COUNT as the barrier. Blocks (at most
 /// `timeout` per wait on B).
+///
+/// With `tls` (this server runs with `--tls-*`), the connection to B is TLS 1.3 with this
+/// server's certificate, B's verified for the endpoint's host; the handshake runs within the
+/// first request, under the same socket timeouts.
 pub fn push(
     work: &RemoteCopyWork,
     backend: &dyn Backend,
     peers: &PeerAllowList,
+    tls: Option<&ClientTls>,
     timeout: Duration,
 ) -> Result<(), RemoteCopyError> {
     let request = &work.request;
-    let addrs = request
+    let endpoint = request
         .endpoint_str()
-        .and_then(|endpoint| peers.lookup(endpoint))
         .ok_or(RemoteCopyError::PeerNotAllowed)?;
-    let mut stream = connect(&addrs, timeout)?;
+    let addrs = peers
+        .lookup(endpoint)
+        .ok_or(RemoteCopyError::PeerNotAllowed)?;
+    let tcp = connect(&addrs, timeout)?;
     let handshake = |kind| RemoteCopyError::Handshake { kind };
+    let mut stream: Box<dyn Link> = match tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let host = endpoint
+                .rsplit_once(':')
+                .map_or(endpoint, |(host, _)| host)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = crate::tls::server_name(host)
+                .map_err(|_| handshake(io::ErrorKind::InvalidInput))?;
+            let connection = rustls::ClientConnection::new(tls.0.clone(), name)
+                .map_err(|_| handshake(io::ErrorKind::InvalidInput))?;
+            Box::new(rustls::StreamOwned::new(connection, tcp))
+        }
+    };
     let refused = RemoteCopyError::Refused;
 
     // HELLO: the same request in 7 and 8; B's answer tells its dialect.
@@ -326,6 +350,11 @@ pub fn push(
     }
 }
 
+/// The byte stream to B: a socket, or TLS over one.
+trait Link: Read + Write {}
+
+impl<S: Read + Write> Link for S {}
+
 fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, RemoteCopyError> {
     let mut last = io::ErrorKind::AddrNotAvailable;
     for addr in addrs {
@@ -364,11 +393,7 @@ fn call_error(
 }
 
 /// One request with a fixed-size answer.
-fn call(
-    stream: &mut TcpStream,
-    request: &Request,
-    dialect: Dialect,
-) -> Result<Response, CallError> {
+fn call(stream: &mut dyn Link, request: &Request, dialect: Dialect) -> Result<Response, CallError> {
     let command = request.command();
     let frame = request
         .to_frame(dialect)

@@ -3,14 +3,13 @@
 //! messages and fields in every shell, which the conformance suite reads).
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use proto_core::backend::Backend;
 use proto_core::driver::Connection;
+
+pub use crate::admission::{ClientSlot, ClientSlots, ServerClosed};
 
 /// Bytes read at once between messages.
 pub const READ_SIZE: usize = 64 * 1024;
@@ -42,6 +41,9 @@ pub enum ConnectionError {
     /// The socket failed.
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The server closed the connection (admission control: a deadline, or making room).
+    #[error(transparent)]
+    Closed(ServerClosed),
 }
 
 /// The client closed its side: the end of the connection, an error if mid-frame.
@@ -50,53 +52,6 @@ pub fn end_of_input<B: Backend + ?Sized>(
 ) -> Result<Closed, ConnectionError> {
     conn.handle_eof()?;
     Ok(Closed::ByClient)
-}
-
-/// The clients a server serves at once (`--max-clients`), shared by its accept loops.
-#[derive(Debug, Clone)]
-pub struct ClientSlots {
-    active: Arc<AtomicUsize>,
-    max: usize,
-}
-
-/// One client's place among [`ClientSlots`]; dropping it frees the place.
-#[derive(Debug)]
-pub struct ClientSlot(Arc<AtomicUsize>);
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl ClientSlots {
-    /// Room for `max` clients.
-    pub fn new(max: usize) -> ClientSlots {
-        ClientSlots {
-            active: Arc::default(),
-            max,
-        }
-    }
-
-    /// A place for a client from `peer`, or `None` (logged: the caller closes the connection)
-    /// when every place is taken.
-    pub fn admit(&self, peer: SocketAddr) -> Option<ClientSlot> {
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.max {
-            self.active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(
-                %peer,
-                max_clients = self.max,
-                "refusing client connection: too many clients"
-            );
-            return None;
-        }
-        Some(ClientSlot(self.active.clone()))
-    }
-
-    /// Clients served now.
-    pub fn active(&self) -> usize {
-        self.active.load(Ordering::SeqCst)
-    }
 }
 
 /// Logs a failed accept (the loop pauses [`ACCEPT_PAUSE`] before the next).
@@ -134,8 +89,10 @@ pub fn accepted<S: AsFd>(socket: &S) {
     tracing::info!("Accepted client connection");
 }
 
-/// Logs how a connection ended.
+/// Logs how a connection ended, and gives what it freed back to the system
+/// ([`freed_memory`](crate::freed_memory)). Every shell calls it once the connection is dropped.
 pub fn log_end(result: &Result<Closed, ConnectionError>) {
+    crate::freed_memory::release();
     match result {
         Ok(Closed::ByClient) => tracing::info!("Client connection closed"),
         Ok(Closed::Shutdown) => {
@@ -151,25 +108,10 @@ pub fn log_end(result: &Result<Closed, ConnectionError>) {
             kind = %error.kind(),
             "Client connection closed on I/O error"
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_admit_up_to_the_limit_and_free_on_drop() {
-        let slots = ClientSlots::new(2);
-        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let first = slots.admit(peer).expect("room for one");
-        let second = slots.admit(peer).expect("room for two");
-        assert!(slots.admit(peer).is_none(), "a third is refused");
-        assert_eq!(slots.active(), 2);
-        drop(first);
-        let third = slots.admit(peer).expect("a freed place is taken again");
-        assert_eq!(slots.active(), 2);
-        drop((second, third));
-        assert_eq!(slots.active(), 0);
+        Err(ConnectionError::Closed(reason)) => tracing::warn!(
+            %reason,
+            kind = %reason.kind(),
+            "Client connection closed by the server"
+        ),
     }
 }

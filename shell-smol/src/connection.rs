@@ -23,12 +23,14 @@ use async_io::{Async, Timer};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use proto_core::backend::Backend;
-use proto_core::driver::{Action, Connection, Place, Receive};
+use proto_core::driver::{Action, Connection, Monitor, Place, Receive};
 
 use shell_common::direct;
-use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
+use shell_common::shell::{self, ClientSlot, FINAL_FLUSH_TIMEOUT, READ_SIZE};
 use shell_common::vectored::{SendQueue, MAX_IO_SLICES};
 use shell_common::{CommLinks, Direct};
+use shell_rdma::serve::{Served, Upgrader};
+use std::os::fd::AsFd;
 
 pub use shell_common::shell::{Closed, ConnectionError};
 pub use shell_common::ConnectionConfig;
@@ -107,20 +109,22 @@ impl Driver {
     }
 }
 
-/// Runs an accepted TCP client to its end and logs how it ended. `on_closed` runs after the
+/// Runs an accepted TCP client to its end and logs how it ended. Its `slot` is freed after the
 /// client's buffers were freed and the socket closed, before the ending is logged.
 pub(crate) async fn run(
     stream: Async<TcpStream>,
     backend: Arc<dyn Backend>,
     config: Arc<ConnectionConfig>,
     stop: async_channel::Receiver<()>,
-    on_closed: impl FnOnce(),
+    slot: ClientSlot,
 ) {
     shell::accepted(stream.get_ref());
     let mut stream = stream;
-    let result = serve_connection(&mut stream, backend, &config, &stop).await;
+    let monitor = Some(slot.monitor());
+    let result = serve_monitored(&mut stream, backend, &config, &stop, monitor).await;
     drop(stream);
-    on_closed();
+    let result = slot.ending(result);
+    drop(slot);
     shell::log_end(&result);
 }
 
@@ -133,14 +137,30 @@ pub async fn serve_connection(
     config: &ConnectionConfig,
     stop: &async_channel::Receiver<()>,
 ) -> Result<Closed, ConnectionError> {
+    serve_monitored(stream, backend, config, stop, None).await
+}
+
+/// [`serve_connection`], reporting to admission control's `monitor`.
+async fn serve_monitored(
+    stream: &mut Async<TcpStream>,
+    backend: Arc<dyn Backend>,
+    config: &ConnectionConfig,
+    stop: &async_channel::Receiver<()>,
+    monitor: Option<Arc<dyn Monitor>>,
+) -> Result<Closed, ConnectionError> {
+    let mut conn = config.connect(backend, true)?;
+    if let Some(monitor) = monitor {
+        conn.set_monitor(monitor);
+    }
     let mut driver = Driver {
         core: Some(Box::new(Core {
-            conn: config.connect(backend, true)?,
+            conn,
             links: config.comm_links(),
         })),
         dispatch: tracing::dispatcher::get_default(Clone::clone),
     };
-    let result = serve_client(stream, &mut driver, stop).await;
+    let upgrader = Upgrader::new(config.transport);
+    let result = serve_client(stream, &mut driver, stop, upgrader).await;
     driver.release().await;
     result
 }
@@ -150,6 +170,7 @@ async fn serve_client(
     stream: &mut Async<TcpStream>,
     driver: &mut Driver,
     stop: &async_channel::Receiver<()>,
+    mut upgrader: Upgrader,
 ) -> Result<Closed, ConnectionError> {
     let mut scratch = vec![0u8; READ_SIZE];
     let mut queue = SendQueue::new();
@@ -171,6 +192,29 @@ async fn serve_client(
                 return Err(error.into());
             }
         };
+        let written = matches!(action, Action::Receive(_));
+        if let Some(switch) = upgrader.take_if(written) {
+            // HELLO's answer is written: the connection moves to RDMA on the blocking pool.
+            let socket = stream.get_ref().try_clone()?;
+            let mode = upgrader.mode();
+            let stop = stop.clone();
+            let served = driver
+                .blocking(move |core| {
+                    let stopping = || stop.is_closed();
+                    switch.serve(
+                        socket.as_fd(),
+                        mode,
+                        &mut core.conn,
+                        &mut core.links,
+                        &stopping,
+                    )
+                })
+                .await;
+            match served {
+                Served::Ended(result) => return result,
+                Served::StayOnTcp => {}
+            }
+        }
         let conn = driver.conn();
         match action {
             Action::Transmit => flush(stream, conn, &mut queue).await?,
@@ -217,6 +261,10 @@ async fn serve_client(
                     return shell::end_of_input(conn);
                 }
                 conn.handle_input(Bytes::copy_from_slice(&scratch[..read]));
+            }
+            Action::Upgrade(peer) => {
+                let local = stream.get_ref().local_addr()?;
+                conn.answer_hello(upgrader.answer(local.ip(), &peer)?)?;
             }
             // `next_action` runs these.
             Action::Offload | Action::Comm(_) => {}

@@ -17,7 +17,7 @@ pub use shell_common::config::{
     DEFAULT_SHUTDOWN_GRACE,
 };
 
-use shell_common::shell::{self, ClientSlots};
+use shell_common::shell;
 
 use crate::connection;
 
@@ -38,7 +38,7 @@ pub async fn serve(
 ) -> io::Result<()> {
     let connection_config = Arc::new(config.connection_config()?);
     let listener = Async::new(listener)?;
-    let slots = ClientSlots::new(config.max_clients);
+    let slots = config.client_slots();
     // Never sent to: closing it (dropping the sender) tells every connection to stop.
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
     let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -62,7 +62,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let Some(slot) = slots.admit(peer) else {
+        let Some(slot) = slots.admit(peer, stream.get_ref()) else {
             continue;
         };
         let span = tracing::info_span!("client", %peer, shell = "smol");
@@ -71,7 +71,7 @@ pub async fn serve(
             backend.clone(),
             connection_config.clone(),
             stop_rx.clone(),
-            move || drop(slot),
+            slot,
         );
         tasks.push(executor.spawn(task.instrument(span).with_subscriber(dispatch.clone())));
     }

@@ -26,13 +26,15 @@
 //! `block_in_place` hands the worker to another thread and back, about seven context switches
 //! per call: per generated token of a small model, more than half of the server's switches.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use proto_core::backend::Backend;
-use proto_core::driver::{Action, Connection, Place, Receive};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use proto_core::driver::{Action, Connection, Monitor, Place, Receive};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt,
+};
 use tokio::net::TcpStream;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
@@ -40,10 +42,12 @@ use tokio::sync::watch;
 use shell_common::direct;
 use shell_common::{CommLinks, Direct};
 
-use shell_common::shell::{self, FINAL_FLUSH_TIMEOUT, READ_SIZE};
+use shell_common::shell::{self, ClientSlot, FINAL_FLUSH_TIMEOUT, READ_SIZE};
 pub use shell_common::shell::{Closed, ConnectionError};
 use shell_common::vectored::SendQueue;
 pub use shell_common::ConnectionConfig;
+use shell_rdma::serve::{Served, Upgrader};
+use std::os::fd::AsFd;
 
 /// How a connection runs its heavy (possibly long, blocking) backend calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +69,18 @@ pub trait DirectIo {
     fn socket(&self) -> Option<&TcpStream> {
         None
     }
+
+    /// The TLS session's plaintext writer, when the stream is TLS: a large reply is then
+    /// encrypted straight from backend memory instead of first copied into pieces.
+    fn tls_writer(&mut self) -> Option<tokio_rustls::rustls::Writer<'_>> {
+        None
+    }
+
+    /// The TLS stream's decrypted input, when the stream is TLS: streamed tensor data is then
+    /// copied from it straight into backend memory.
+    fn decrypted(&mut self) -> Option<&mut (dyn AsyncBufRead + Send + Unpin)> {
+        None
+    }
 }
 
 impl DirectIo for TcpStream {
@@ -74,6 +90,17 @@ impl DirectIo for TcpStream {
 }
 
 impl DirectIo for tokio::io::DuplexStream {}
+
+// The bytes on the socket are ciphertext: tensor data goes through rustls's buffers.
+impl DirectIo for tokio_rustls::server::TlsStream<tokio::io::BufReader<TcpStream>> {
+    fn tls_writer(&mut self) -> Option<tokio_rustls::rustls::Writer<'_>> {
+        Some(self.get_mut().1.writer())
+    }
+
+    fn decrypted(&mut self) -> Option<&mut (dyn AsyncBufRead + Send + Unpin)> {
+        Some(self)
+    }
+}
 
 /// Receives the next part of the streamed write straight into backend memory.
 async fn receive_direct(
@@ -101,6 +128,53 @@ async fn send_direct(socket: &TcpStream, conn: &mut Connection) -> Result<(), Co
     Ok(())
 }
 
+/// Copies what the TLS stream has decrypted (waiting for some) straight into the memory the
+/// connection lends for the streamed write: no buffer in between, so no fresh 8 MiB buffer
+/// (and its page faults) per piece.
+async fn receive_decrypted(
+    decrypted: &mut (dyn AsyncBufRead + Send + Unpin),
+    conn: &mut Connection,
+) -> Result<Direct, ConnectionError> {
+    let plain = decrypted.fill_buf().await?;
+    if plain.is_empty() {
+        return Ok(Direct::Eof);
+    }
+    let mut taken = 0;
+    let moved = direct::receive_once(conn, |dst| {
+        taken = dst.len().min(plain.len());
+        dst[..taken].copy_from_slice(&plain[..taken]);
+        Ok(taken)
+    })?;
+    decrypted.consume(taken);
+    // Data was there, so "nothing moved" cannot happen; `None` would only mean "try again".
+    Ok(moved.unwrap_or(Direct::Moved))
+}
+
+/// Sends the rest of the reply in progress through the stream's TLS writer, straight from
+/// backend memory (rustls copies each piece once, into the records it encrypts); a stream
+/// without one (or a backend that cannot lend) goes piece by piece instead.
+async fn send_encrypted<S>(stream: &mut S, conn: &mut Connection) -> Result<(), ConnectionError>
+where
+    S: AsyncWrite + DirectIo + Unpin,
+{
+    while conn.reply_remaining() > 0 {
+        // The writer is not `Send`: it lives only for this one call, never across an await.
+        let sent = match stream.tls_writer() {
+            // rustls takes what fits under its buffer limit (0 when full: the flush makes room).
+            Some(mut writer) => direct::send_once(conn, |src| writer.write(src))?,
+            None => {
+                conn.set_direct_io(false);
+                return Ok(());
+            }
+        };
+        if sent == Some(Direct::Declined) {
+            return Ok(());
+        }
+        stream.flush().await?;
+    }
+    Ok(())
+}
+
 /// Runs an accepted TCP client to its end and logs how it ended.
 pub(crate) async fn run(
     stream: TcpStream,
@@ -108,14 +182,16 @@ pub(crate) async fn run(
     config: Arc<ConnectionConfig>,
     mut stop: watch::Receiver<bool>,
     blocking: Blocking,
+    slot: ClientSlot,
 ) {
     shell::accepted(&stream);
     let mut stream = stream;
     // The connection lives inside `serve`, so every buffer is freed before the socket closes:
     // a client that sees EOF sees the server's memory back to baseline.
-    let result = serve(&mut stream, backend, &config, &mut stop, blocking).await;
+    let monitor = Some(slot.monitor());
+    let result = serve(&mut stream, backend, &config, &mut stop, blocking, monitor).await;
     drop(stream);
-    shell::log_end(&result);
+    shell::log_end(&slot.ending(result));
 }
 
 /// Serves one client on any byte stream until it closes, fails, or `stop` turns true.
@@ -131,23 +207,30 @@ pub async fn serve_connection<S>(
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
-    serve(stream, backend, config, stop, Blocking::InPlace).await
+    serve(stream, backend, config, stop, Blocking::InPlace, None).await
 }
 
-/// [`serve_connection`] with heavy calls run as `blocking` says.
-async fn serve<S>(
+/// [`serve_connection`] with heavy calls run as `blocking` says, reporting to admission
+/// control's `monitor`.
+pub(crate) async fn serve<S>(
     stream: &mut S,
     backend: Arc<dyn Backend>,
     config: &ConnectionConfig,
     stop: &mut watch::Receiver<bool>,
     blocking: Blocking,
+    monitor: Option<Arc<dyn Monitor>>,
 ) -> Result<Closed, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
 {
-    let mut conn = config.connect(backend, stream.socket().is_some())?;
+    let lends = stream.socket().is_some() || stream.tls_writer().is_some();
+    let mut conn = config.connect(backend, lends)?;
+    if let Some(monitor) = monitor {
+        conn.set_monitor(monitor);
+    }
     let mut links = config.comm_links();
-    let result = serve_client(stream, &mut conn, &mut links, stop, blocking).await;
+    let upgrader = Upgrader::new(config.transport);
+    let result = serve_client(stream, &mut conn, &mut links, stop, blocking, upgrader).await;
     // Everything the client held goes back here, off the worker's other clients if it is much.
     if conn.heavy_to_free() {
         run_blocking(blocking, move || drop(conn));
@@ -162,6 +245,7 @@ async fn serve_client<S>(
     links: &mut CommLinks,
     stop: &mut watch::Receiver<bool>,
     blocking: Blocking,
+    mut upgrader: Upgrader,
 ) -> Result<Closed, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + DirectIo + Unpin,
@@ -179,11 +263,24 @@ where
                 return Err(error.into());
             }
         };
+        if let (Action::Receive(_), Some(socket)) = (&action, stream.socket()) {
+            // HELLO's answer is written: the connection moves to RDMA, off the event loop.
+            if let Some(switch) = upgrader.take() {
+                let mode = upgrader.mode();
+                let stopping = || *stop.borrow();
+                match run_blocking(blocking, || {
+                    switch.serve(socket.as_fd(), mode, conn, links, &stopping)
+                }) {
+                    Served::Ended(result) => return result,
+                    Served::StayOnTcp => {}
+                }
+            }
+        }
         match action {
             Action::Transmit => flush(stream, conn, &mut queue).await?,
             Action::SendInPlace => match stream.socket() {
                 Some(socket) => send_direct(socket, conn).await?,
-                None => conn.set_direct_io(false),
+                None => send_encrypted(stream, conn).await?,
             },
             Action::Receive(Receive::Stream {
                 remaining,
@@ -193,6 +290,12 @@ where
                 // that), so a client never gets half a tensor written.
                 if let (true, Some(socket)) = (in_place, stream.socket()) {
                     match receive_direct(socket, conn).await? {
+                        Direct::Moved => continue,
+                        Direct::Eof => return shell::end_of_input(conn),
+                        Direct::Declined => {}
+                    }
+                } else if let (true, Some(decrypted)) = (in_place, stream.decrypted()) {
+                    match receive_decrypted(decrypted, conn).await? {
                         Direct::Moved => continue,
                         Direct::Eof => return shell::end_of_input(conn),
                         Direct::Declined => {}
@@ -223,6 +326,14 @@ where
                     return shell::end_of_input(conn);
                 }
                 conn.handle_input(read_buf.split().freeze());
+            }
+            Action::Upgrade(peer) => {
+                let caps = match stream.socket().map(TcpStream::local_addr) {
+                    Some(Ok(local)) => upgrader.answer(local.ip(), &peer)?,
+                    // An in-memory stream has no second transport.
+                    _ => [0; 24],
+                };
+                conn.answer_hello(caps)?;
             }
             // `next_action` runs these.
             Action::Offload | Action::Comm(_) => {}

@@ -7,6 +7,8 @@
 //! * [`server`]: [`serve`] accepts TCP clients and runs one [`connection`] task per client,
 //!   with the server-wide limits of [`ServerConfig`] and graceful shutdown.
 //! * [`connection`]: the per-client loop around the driver.
+//! * `tls`: with [`ServerConfig::tls`], a TLS 1.3 handshake (client certificate required,
+//!   bounded by `ServerTls::handshake_timeout`) before that loop.
 //! * [`cache_dir`]: [`FsTensorCache`], the SET_TENSOR_HASH cache as a directory of files
 //!   (re-exported from [`shell_common`], as is [`ServerConfig`]).
 //!
@@ -16,6 +18,7 @@
 
 pub mod connection;
 pub mod server;
+mod tls;
 
 pub use server::{serve, serve_on, ServerConfig};
 pub use shell_common::cache_dir;

@@ -22,7 +22,7 @@ pub use shell_common::config::{
     DEFAULT_SHUTDOWN_GRACE,
 };
 
-use shell_common::shell::{self, ClientSlots};
+use shell_common::shell;
 
 use crate::connection::{self, Blocking};
 
@@ -86,7 +86,8 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let connection_config = Arc::new(config.connection_config()?);
-    let slots = ClientSlots::new(config.max_clients);
+    let tls = crate::tls::acceptor(&config);
+    let slots = config.client_slots();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
@@ -102,7 +103,7 @@ async fn accept_loop(
                         continue;
                     }
                 };
-                let Some(slot) = slots.admit(peer) else {
+                let Some(slot) = slots.admit(peer, &stream) else {
                     continue;
                 };
                 let span = tracing::info_span!("client", %peer, shell = "tokio");
@@ -114,17 +115,25 @@ async fn accept_loop(
                         continue;
                     }
                 };
-                let (backend, config, stop) =
-                    (backend.clone(), connection_config.clone(), stop_rx.clone());
+                let (backend, config, stop, tls) =
+                    (backend.clone(), connection_config.clone(), stop_rx.clone(), tls.clone());
                 tasks.spawn_on(
                     async move {
                         match TcpStream::from_std(stream) {
-                            Ok(stream) => {
-                                connection::run(stream, backend, config, stop, blocking).await
-                            }
+                            Ok(stream) => match tls {
+                                Some(tls) => {
+                                    crate::tls::run(
+                                        stream, tls, backend, config, stop, blocking, slot,
+                                    )
+                                    .await
+                                }
+                                None => {
+                                    connection::run(stream, backend, config, stop, blocking, slot)
+                                        .await
+                                }
+                            },
                             Err(error) => shell::accept_failed(&error),
                         }
-                        drop(slot);
                     }
                     .instrument(span),
                     &connections,

@@ -80,6 +80,13 @@ impl Core {
                     action = self.conn.poll(place);
                 }
                 Ok(Action::Comm(work)) => return Stop::Comm(work),
+                // The io_uring shell stays on TCP (it does not ask for `negotiate_transport`).
+                Ok(Action::Upgrade(_)) => {
+                    if let Err(error) = self.conn.answer_hello([0; 24]) {
+                        return Stop::Failed(error);
+                    }
+                    action = self.conn.poll(place);
+                }
             }
         }
     }

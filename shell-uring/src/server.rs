@@ -214,7 +214,7 @@ impl Server {
         let shared = Arc::new(Shared {
             backend,
             connection,
-            slots: ClientSlots::new(config.base.max_clients),
+            slots: config.base.client_slots(),
             config,
             stop: AtomicBool::new(false),
             announced: AtomicBool::new(false),
@@ -326,7 +326,7 @@ struct Conn {
     core: Option<Box<Core>>,
     /// Shared with a blocking thread while it runs a direct transfer.
     stream: Arc<TcpStream>,
-    _slot: ClientSlot,
+    slot: ClientSlot,
     span: tracing::Span,
     read_buf: BytesMut,
     op: Option<(OpId, OpKind)>,
@@ -363,6 +363,7 @@ impl Conn {
     /// Frees the client's buffers, closes the socket, logs the ending.
     fn close(self, ending: Ending) {
         let span = self.span.clone();
+        let ending = self.slot.ending(ending);
         drop(self);
         span.in_scope(|| shell::log_end(&ending));
     }
@@ -478,19 +479,22 @@ impl Loop {
             Ok(peer) => peer,
             Err(error) => return shell::accept_failed(&error),
         };
-        let Some(slot) = self.shared.slots.admit(peer) else {
+        let Some(slot) = self.shared.slots.admit(peer, &stream) else {
             return;
         };
         let span = tracing::info_span!("client", %peer, shell = "uring");
         let core = {
             let _entered = span.enter();
             shell::accepted(&stream);
-            Core::new(self.shared.backend.clone(), &self.shared.connection)
+            Core::new(self.shared.backend.clone(), &self.shared.connection).map(|mut core| {
+                core.conn.set_monitor(slot.monitor());
+                core
+            })
         };
         let mut conn = Conn {
             core: None,
             stream: Arc::new(stream),
-            _slot: slot,
+            slot,
             span,
             read_buf: BytesMut::new(),
             op: None,

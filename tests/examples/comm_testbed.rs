@@ -40,6 +40,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use ggml_rpc_client::Client;
+use ggml_rpc_tests::process;
 use proto_core::ggml::flags;
 use proto_core::wire::{CommInitRequest, ProtocolVersion, RpcTensor};
 
@@ -287,6 +288,7 @@ impl Server {
                     "1",
                     "-H",
                     &addr_s,
+                    "--insecure-plain",
                     "-p",
                     &port,
                     "-v",
@@ -341,30 +343,14 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Resident memory in bytes (/proc/PID/status VmRSS).
+    /// Resident memory in bytes.
     fn rss(&self) -> Res<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .map_err(|e| format!("reading the status of server {}: {e}", self.addr))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .ok_or_else(|| "no VmRSS".into())
+        process::rss(self.pid()).ok_or_else(|| format!("no VmRSS for server {}", self.addr))
     }
 
     /// CPU time (user + system) so far.
     fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // fields after the command's closing parenthesis; utime and stime are 14 and 15
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = [11, 12]
-            .iter()
-            .filter_map(|&i| f.get(i).and_then(|v| v.parse::<u64>().ok()))
-            .sum();
-        Duration::from_millis(ticks * 10) // USER_HZ = 100 on Linux
+        process::cpu_time(self.pid())
     }
 
     fn signal(&self, sig: &str) -> Res<()> {

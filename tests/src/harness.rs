@@ -98,6 +98,7 @@ impl ServerHarness {
                     self.conn.comm_init_done(request.device, false)?
                 }
                 Action::Comm(CommWork::Free { .. }) | Action::Offload => {}
+                Action::Upgrade(_) => self.conn.answer_hello([0; 24])?,
                 // No second server: the peer cannot be reached.
                 Action::Comm(CommWork::RemoteCopy(_)) => self
                     .conn

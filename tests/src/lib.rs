@@ -8,6 +8,9 @@
 //! * [`template`]: the `{placeholder}` hex templates of session vectors.
 //! * [`harness`]: our server (session + dispatcher over the in-memory backend) and client,
 //!   driven with raw bytes.
+//! * [`hostile`]: attacks that are no vector (a client leaving inside a large SET_TENSOR),
+//!   shared by the shell conformance suite and `ggml-rpc conformance`.
+//! * [`process`]: what a running process holds (memory, descriptors, threads), for leak checks.
 //! * [`rules`]: the validation rules and their error kinds.
 //! * [`generate`]: the program that writes the vectors (`cargo run -p ggml-rpc-tests --bin
 //!   gen-vectors`).
@@ -19,6 +22,8 @@ pub mod fields;
 pub mod generate;
 pub mod harness;
 pub mod hex;
+pub mod hostile;
+pub mod process;
 pub mod rules;
 pub mod template;
 pub mod vector;

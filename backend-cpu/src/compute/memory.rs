@@ -37,6 +37,7 @@ use std::ops::Range;
 use std::ptr;
 
 use proto_core::backend::BufferId;
+use proto_core::wire::MAX_SRC;
 use proto_core::{Error, Result};
 
 use super::view::Layout;
@@ -95,10 +96,13 @@ impl<'g> Arena<'g> {
         srcs: &[Option<Layout>],
     ) -> Result<NodeMemory<'a>> {
         let dst_span = self.span(dst)?;
-        let mut inputs = Vec::with_capacity(srcs.len());
-        for src in srcs {
+        if srcs.len() > MAX_SRC {
+            return Err(invalid("more sources than a node has slots"));
+        }
+        // A fixed array, not a Vec: every node of every decode step comes through here.
+        let mut inputs = [None; MAX_SRC];
+        for (slot, src) in inputs.iter_mut().zip(srcs) {
             let Some(src) = src else {
-                inputs.push(None);
                 continue;
             };
             let input = match (self.span(src)?, &dst_span) {
@@ -127,7 +131,7 @@ impl<'g> Arena<'g> {
                     Src::Bytes(bytes)
                 }
             };
-            inputs.push(Some(input));
+            *slot = Some(input);
         }
         let base = match &dst_span {
             // SAFETY: `span` checked that the range lies inside the buffer.
@@ -213,20 +217,25 @@ pub(crate) fn extent(layout: &Layout) -> Option<usize> {
 /// more than one element ordered by stride, each stride must clear everything the smaller
 /// dimensions span. (Sufficient, and true of every layout ggml builds for a destination.)
 pub(crate) fn injective(layout: &Layout) -> bool {
-    let mut dims: Vec<(usize, usize)> = (0..4)
-        .map(|d| {
-            let n = if d == 0 {
-                layout.ne[0] / layout.block.max(1)
-            } else {
-                layout.ne[d]
-            };
-            (layout.nb[d], n)
-        })
-        .filter(|&(_, n)| n > 1)
-        .collect();
+    // (stride, size) of the dimensions with more than one element, on the stack: this runs
+    // for every node.
+    let mut dims = [(0usize, 0usize); 4];
+    let mut used = 0;
+    for d in 0..4 {
+        let n = if d == 0 {
+            layout.ne[0] / layout.block.max(1)
+        } else {
+            layout.ne[d]
+        };
+        if n > 1 {
+            dims[used] = (layout.nb[d], n);
+            used += 1;
+        }
+    }
+    let dims = &mut dims[..used];
     dims.sort_unstable();
     let mut span = layout.type_size;
-    for (stride, n) in dims {
+    for &mut (stride, n) in dims {
         if stride < span {
             return false;
         }
@@ -246,8 +255,8 @@ pub(crate) fn injective(layout: &Layout) -> bool {
 pub(crate) struct NodeMemory<'a> {
     /// The destination.
     pub dst: Dst<'a>,
-    /// The sources, slot by slot.
-    pub srcs: Vec<Option<Src<'a>>>,
+    /// The sources, slot by slot (`None` past the node's last).
+    pub srcs: [Option<Src<'a>>; MAX_SRC],
 }
 
 /// A source's bytes.
@@ -583,7 +592,6 @@ mod tests {
         assert!(matches!(node.srcs[0], Some(Src::Dst)));
         assert!(matches!(node.srcs[1], Some(Src::Bytes(b)) if b.len() == 64));
         assert!(node.srcs[2].is_none());
-        drop(node);
         assert!(arena.node(&dst, &[Some(partial)]).is_err());
         // outside the buffer, or strides beyond the declared size
         assert!(arena.node(&contiguous(200, [4, 4, 1, 1]), &[]).is_err());
@@ -614,7 +622,6 @@ mod tests {
         p.read(3, 2, &mut back).unwrap();
         assert_eq!(back, [1u8; 8]);
         drop(parts);
-        drop(node);
         drop(arena);
         assert_eq!(&bytes[56..64], &[1u8; 8]);
         assert_eq!(bytes.iter().filter(|&&b| b != 0).count(), 8);

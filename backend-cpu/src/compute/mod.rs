@@ -34,8 +34,9 @@ pub(crate) mod quant;
 mod view;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use proto_core::backend::BufferId;
+use proto_core::backend::{BufferId, PreparedGraph};
 use proto_core::graph::Graph;
 use proto_core::{Error, Result};
 
@@ -47,10 +48,47 @@ pub(crate) use pool::Pool;
 #[cfg(test)]
 pub(crate) use plan::NOT_IMPLEMENTED;
 
+/// A stored graph's checked plan, kept in its [`PreparedGraph`] slot for GRAPH_RECOMPUTE.
+///
+/// It depends on the graph and on the sizes of the buffers it was checked against, nothing
+/// else: the steps name buffers by id and offset, never by address, and every run still checks
+/// each step's bytes against the locked buffers (`Arena::node`). It is used only while every
+/// buffer it names is live with the size it had; otherwise it is planned again.
+#[derive(Debug)]
+struct Prepared {
+    /// The buffers `run` locks, ascending.
+    ids: Vec<BufferId>,
+    /// Their sizes when the plan was checked, in the order of `ids`.
+    lens: Vec<Option<usize>>,
+    steps: Vec<plan::Step>,
+}
+
 /// Runs a validated graph on the threads of `pool`. A graph that breaks an op's rules, or that
 /// uses an op or type without a kernel, is refused before any byte is written.
+#[cfg(test)]
 pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()> {
-    let ids: Vec<BufferId> = plan::buffers(graph);
+    run_stored(buffers, pool, graph, None, &AtomicU64::new(0))
+}
+
+/// [`run`] for a stored graph. With a `slot`, the plan is taken from it when it still fits the buffers, and a fresh plan
+/// is left in it otherwise; `plans` counts the plans built.
+pub(crate) fn run_stored(
+    buffers: &BufferPool,
+    pool: &Pool,
+    graph: &Graph,
+    slot: Option<&mut Option<PreparedGraph>>,
+    plans: &AtomicU64,
+) -> Result<()> {
+    // Taken out while the graph runs, put back after: a plan is owned by one run at a time.
+    let mut slot = slot;
+    let cached = slot
+        .as_mut()
+        .and_then(|slot| slot.take())
+        .and_then(|prepared| prepared.downcast::<Prepared>().ok());
+    let ids: Vec<BufferId> = match &cached {
+        Some(prepared) => prepared.ids.clone(),
+        None => plan::buffers(graph),
+    };
     // Held (`Arc`s) for the whole graph, so a concurrent FREE_BUFFER cannot take the memory
     // away; locked in ascending id order, as every multi-buffer operation of the pool does.
     let held = ids
@@ -63,16 +101,36 @@ pub(crate) fn run(buffers: &BufferPool, pool: &Pool, graph: &Graph) -> Result<()
             .copied()
             .zip(guards.iter_mut().map(|guard| guard.bytes_mut())),
     );
-    let steps = plan::build(graph, &|id| arena.buffer_len(id))?;
+    let lens = |arena: &Arena<'_>| -> Vec<Option<usize>> {
+        ids.iter().map(|&id| arena.buffer_len(id)).collect()
+    };
+    let prepared = match cached {
+        Some(prepared) if prepared.lens == lens(&arena) => prepared,
+        _ => {
+            plans.fetch_add(1, Ordering::Relaxed);
+            let steps = plan::build(graph, &|id| arena.buffer_len(id))?;
+            Box::new(Prepared {
+                ids: ids.clone(),
+                lens: lens(&arena),
+                steps,
+            })
+        }
+    };
     // A panic would be a bug in a kernel; it must not take the connection's thread (or the
     // server) down with it, and the locks are released either way.
     let mut memo = ops::GraphMemo::default();
-    catch_unwind(AssertUnwindSafe(|| {
-        steps
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        prepared
+            .steps
             .iter()
             .try_for_each(|step| ops::execute(step, &mut arena, pool, &mut memo))
     }))
-    .unwrap_or_else(|_| Err(Error::Backend("CPU compute engine panicked".into())))
+    .unwrap_or_else(|_| Err(Error::Backend("CPU compute engine panicked".into())));
+    if let Some(slot) = slot {
+        // A failed run keeps its plan too: what failed was a value read at run time.
+        *slot = Some(prepared);
+    }
+    result
 }
 
 #[cfg(test)]

@@ -45,6 +45,11 @@ pub struct DeviceMemory {
     pub total: u64,
 }
 
+/// What a backend keeps with a stored graph so that GRAPH_RECOMPUTE need not redo the work that
+/// follows from the graph alone (the CPU backend: its checked plan of every node). Opaque to
+/// the dispatcher, which drops it together with the stored graph.
+pub type PreparedGraph = Box<dyn std::any::Any + Send + Sync>;
+
 /// A compute device (or a set of them) behind the RPC server.
 ///
 /// Methods take `&self` so one backend can serve many connections at once; implementations
@@ -123,6 +128,25 @@ pub trait Backend: Send + Sync {
     }
     /// Runs a validated graph whose tensors all carry their locations.
     fn graph_compute(&self, device: u32, graph: &Graph) -> Result<()>;
+    /// Runs a graph the dispatcher stores for GRAPH_RECOMPUTE. `prepared` is the slot kept
+    /// with that stored graph: empty on its first run, then whatever this method left in it.
+    ///
+    /// The dispatcher drops the slot with the graph: when a GRAPH_COMPUTE replaces it, when
+    /// the cache is cleared and on every FREE_BUFFER (so a buffer id in it may only name a
+    /// buffer that was live when it was made, and ids of freed buffers are not reused while
+    /// a slot lives). What it holds may depend on the graph and on the sizes of its buffers,
+    /// never on their contents (SET_TENSOR, BUFFER_CLEAR and other graphs change those between
+    /// runs), and a backend still checks memory it reaches through it. The default keeps
+    /// nothing and runs [`Backend::graph_compute`].
+    fn graph_compute_stored(
+        &self,
+        device: u32,
+        graph: &Graph,
+        prepared: &mut Option<PreparedGraph>,
+    ) -> Result<()> {
+        let _ = prepared;
+        self.graph_compute(device, graph)
+    }
     /// Waits until every device is idle (protocol 8 launches graphs asynchronously).
     fn synchronize(&self) {}
     /// Whether `device` offers a multi-process communicator (its vote in the newest link's

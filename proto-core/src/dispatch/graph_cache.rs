@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::backend::PreparedGraph;
 use crate::graph::Graph;
 use crate::session::GRAPH_CACHE_MAX;
 use crate::wire::Dialect;
@@ -12,10 +13,30 @@ use crate::wire::Dialect;
 /// 7.x keeps the last graph per device. 8.x keeps up to [`GRAPH_CACHE_MAX`] graphs per device by
 /// uid and clears them all when full, exactly like the client's mirror; FREE_BUFFER invalidates
 /// graphs but keeps 8.x entries so both sides keep counting the same entries.
+///
+/// Each stored graph carries the backend's [`PreparedGraph`] slot, which lives and dies with
+/// it: replaced, cleared or invalidated graphs take their prepared state with them.
 #[derive(Debug)]
 pub struct GraphCache {
     dialect: Dialect,
-    devices: HashMap<u32, HashMap<u64, Option<Arc<Graph>>>>,
+    devices: HashMap<u32, HashMap<u64, Option<StoredGraph>>>,
+}
+
+/// A stored graph and what the backend prepared for it.
+pub struct StoredGraph {
+    /// The graph.
+    pub graph: Arc<Graph>,
+    /// The backend's slot (see [`crate::backend::Backend::graph_compute_stored`]).
+    pub prepared: Option<PreparedGraph>,
+}
+
+impl std::fmt::Debug for StoredGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredGraph")
+            .field("nodes", &self.graph.node_tensors().count())
+            .field("prepared", &self.prepared.is_some())
+            .finish()
+    }
 }
 
 impl GraphCache {
@@ -28,7 +49,14 @@ impl GraphCache {
     }
 
     /// Stores a freshly computed graph (after [`GraphCache::prepare`]).
-    pub fn store(&mut self, device: u32, uid: u64, graph: Arc<Graph>) {
+    pub fn store(
+        &mut self,
+        device: u32,
+        uid: u64,
+        graph: Arc<Graph>,
+        prepared: Option<PreparedGraph>,
+    ) {
+        let graph = StoredGraph { graph, prepared };
         let entries = self.devices.entry(device).or_default();
         match self.dialect {
             Dialect::V7 => {
@@ -57,7 +85,14 @@ impl GraphCache {
     /// The graph to recompute (7.x ignores `uid`).
     pub fn get(&self, device: u32, uid: u64) -> Option<Arc<Graph>> {
         let key = if self.dialect == Dialect::V7 { 0 } else { uid };
-        self.devices.get(&device)?.get(&key)?.clone()
+        let stored = self.devices.get(&device)?.get(&key)?.as_ref()?;
+        Some(stored.graph.clone())
+    }
+
+    /// The graph to recompute with its prepared state (7.x ignores `uid`).
+    pub fn get_mut(&mut self, device: u32, uid: u64) -> Option<&mut StoredGraph> {
+        let key = if self.dialect == Dialect::V7 { 0 } else { uid };
+        self.devices.get_mut(&device)?.get_mut(&key)?.as_mut()
     }
 
     /// Invalidates every stored graph (their tensors may point into a freed buffer).

@@ -28,7 +28,7 @@ use crate::wire::{
 use remote_copy::{CopyShape, Grant};
 
 pub use buffers::{BufferEntry, BufferTable, RegionStart};
-pub use graph_cache::GraphCache;
+pub use graph_cache::{GraphCache, StoredGraph};
 pub use remote_copy::TicketBoard;
 
 /// Settings of a dispatcher (one per connection, usually cloned from the server's).
@@ -38,6 +38,10 @@ pub struct DispatcherConfig {
     pub version: ProtocolVersion,
     /// Transport caps announced in HELLO (all zero: TCP only).
     pub caps: ConnCaps,
+    /// Whether the shell can switch transports: HELLO is then answered by the shell
+    /// ([`Outcome::Upgrade`], the client's caps, all zero included: a shell that requires
+    /// RDMA refuses those) instead of with `caps`.
+    pub negotiate_transport: bool,
     /// Most bytes of buffers one connection may hold (`None`: unlimited).
     pub memory_quota: Option<u64>,
     /// Graph size limits.
@@ -54,6 +58,7 @@ impl std::fmt::Debug for DispatcherConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DispatcherConfig")
             .field("version", &self.version)
+            .field("negotiate_transport", &self.negotiate_transport)
             .field("memory_quota", &self.memory_quota)
             .field("graph_limits", &self.graph_limits)
             .field("tensor_cache", &self.tensor_cache.is_some())
@@ -68,6 +73,7 @@ impl DispatcherConfig {
         DispatcherConfig {
             version,
             caps: [0; 24],
+            negotiate_transport: false,
             memory_quota: None,
             graph_limits: GraphLimits::default(),
             tensor_cache: None,
@@ -106,6 +112,9 @@ pub enum Outcome {
     /// Push a checked source region to another server (REMOTE_COPY_TENSOR; it needs
     /// sockets), then answer with [`Response::RemoteCopyTensor`].
     RemoteCopy(Box<RemoteCopyWork>),
+    /// HELLO offered these transport caps and the shell can switch transports: it answers
+    /// with its own caps ([`Dispatcher::hello_response`]).
+    Upgrade(ConnCaps),
 }
 
 /// A REMOTE_COPY_TENSOR whose source region was checked: what the shell pushes to server B.
@@ -120,6 +129,11 @@ pub struct RemoteCopyWork {
 /// Largest GET_TENSOR / GET_TENSOR_2D reply built in one piece; larger replies are streamed in
 /// pieces of this size ([`Outcome::RespondStream`]), so memory stays bounded whatever the size.
 pub const MAX_REPLY_CHUNK: u64 = 16 * 1024 * 1024;
+
+/// Where the shell can send replies straight from backend memory, replies above this size are
+/// streamed too ([`Dispatcher::set_stream_replies_above`]): a decode step's logits then go
+/// to the socket without a copy into a reply buffer first.
+pub const MIN_IN_PLACE_REPLY: u64 = 64 * 1024;
 
 /// A GET_TENSOR / GET_TENSOR_2D reply read from the backend piece by piece.
 ///
@@ -225,6 +239,8 @@ pub struct Dispatcher<B: Backend + ?Sized> {
     /// The grant this connection attached to (REMOTE_COPY_ATTACH) and whether its one write
     /// began.
     attached: Option<(Grant, bool)>,
+    /// Larger GET replies are streamed ([`Dispatcher::set_stream_replies_above`]).
+    stream_replies_above: u64,
 }
 
 impl<B: Backend + ?Sized> Dispatcher<B> {
@@ -246,7 +262,15 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             communicators: HashSet::new(),
             ticket: None,
             attached: None,
+            stream_replies_above: MAX_REPLY_CHUNK,
         })
+    }
+
+    /// Replies of more than `len` bytes (at most [`MAX_REPLY_CHUNK`]) are streamed
+    /// ([`Outcome::RespondStream`]) rather than built in one piece: the driver lowers it to
+    /// [`MIN_IN_PLACE_REPLY`] while the shell can send straight from backend memory.
+    pub fn set_stream_replies_above(&mut self, len: u64) {
+        self.stream_replies_above = len.min(MAX_REPLY_CHUNK);
     }
 
     /// The connection's buffers.
@@ -278,6 +302,22 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
         }
     }
 
+    /// HELLO's answer with these transport caps (the flags follow from the configuration).
+    pub fn hello_response(&self, caps: ConnCaps) -> Response {
+        let mut flags = 0;
+        if self.config.tensor_cache.is_some() {
+            flags |= HELLO_FLAG_TENSOR_CACHE;
+        }
+        if self.config.remote_copy.is_some() {
+            flags |= HELLO_FLAG_EXTENSIONS;
+        }
+        Response::Hello {
+            version: self.config.version,
+            flags,
+            caps,
+        }
+    }
+
     fn device(&self, device: u32) -> Result<u32> {
         let count = self.backend.device_count();
         if device < count {
@@ -302,19 +342,11 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             ));
         }
         match request {
-            Request::Hello { .. } => {
-                let mut flags = 0;
-                if self.config.tensor_cache.is_some() {
-                    flags |= HELLO_FLAG_TENSOR_CACHE;
+            Request::Hello { caps } => {
+                if self.config.negotiate_transport {
+                    return Ok(Outcome::Upgrade(caps));
                 }
-                if self.config.remote_copy.is_some() {
-                    flags |= HELLO_FLAG_EXTENSIONS;
-                }
-                respond(Response::Hello {
-                    version: self.config.version,
-                    flags,
-                    caps: self.config.caps,
-                })
+                respond(self.hello_response(self.config.caps))
             }
             Request::Extensions { wanted } => {
                 let offered = if self.config.remote_copy.is_some() {
@@ -510,17 +542,22 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
                     self.config.version.ggml_table(),
                     &mut |tensor, _| buffers.location(tensor),
                 )?;
-                self.backend.graph_compute(device, &graph)?;
-                self.graphs.store(device, request.uid, Arc::new(graph));
+                // The backend prepares while it runs; the slot is stored with the graph.
+                let mut prepared = None;
+                self.backend
+                    .graph_compute_stored(device, &graph, &mut prepared)?;
+                self.graphs
+                    .store(device, request.uid, Arc::new(graph), prepared);
                 Ok(Outcome::Done)
             }
             Request::GraphRecompute { device, uid } => {
                 let device = self.device(device)?;
-                let graph = self
+                let stored = self
                     .graphs
-                    .get(device, uid)
+                    .get_mut(device, uid)
                     .ok_or(Error::GraphNotFound { device, uid })?;
-                self.backend.graph_compute(device, &graph)?;
+                self.backend
+                    .graph_compute_stored(device, &stored.graph, &mut stored.prepared)?;
                 Ok(Outcome::Done)
             }
             Request::CommInit(request) => self.comm_init(request),
@@ -569,7 +606,7 @@ impl<B: Backend + ?Sized> Dispatcher<B> {
             len,
             produced: 0,
         };
-        if len > MAX_REPLY_CHUNK {
+        if len > self.stream_replies_above {
             return Ok(Outcome::RespondStream(stream));
         }
         let data = self.read_chunk(&mut stream)?.unwrap_or_default();

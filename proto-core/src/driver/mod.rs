@@ -18,12 +18,15 @@
 //!     Receive(Idle)    => read what comes (or close: shutdown), conn.handle_input(bytes)
 //!     Receive(Stream{..}) => when readable: conn.receive_in_place(non-blocking recv), or read
 //!                         a fresh buffer of at most `remaining` bytes into handle_input
+//!     Upgrade(peer caps)  => conn.answer_hello(own caps for them); once HELLO's answer is
+//!                         written, the shell may move the connection to that transport
 //! }
 //! ```
 //!
 //! Any `Err` closes that one connection (the protocol has no error replies); dropping the
 //! connection frees every buffer the client held.
 
+mod activity;
 mod heavy;
 
 use bytes::Bytes;
@@ -31,11 +34,13 @@ use bytes::Bytes;
 use crate::backend::{Backend, TensorLocation};
 use crate::dispatch::{
     Dispatcher, DispatcherConfig, Outcome, RemoteCopyWork, TensorReadStream, MAX_REPLY_CHUNK,
+    MIN_IN_PLACE_REPLY,
 };
 use crate::error::{Error, Result};
 use crate::session::{ServerEvent, ServerSession, ServerSessionConfig};
 use crate::wire::{CommInitRequest, RemoteCopyStatus, Response};
 
+pub use activity::{Activity, Monitor};
 pub use heavy::{is_heavy, is_heavy_to_free, HEAVY_BYTES, HEAVY_FREE_BYTES};
 
 use std::sync::Arc;
@@ -68,6 +73,12 @@ pub enum Action {
     SendInPlace,
     /// More input is needed.
     Receive(Receive),
+    /// HELLO offered these transport caps (only with
+    /// [`DispatcherConfig::negotiate_transport`]): answer with
+    /// [`Connection::answer_hello`] and this side's caps for them (all zero: stay on TCP).
+    /// After that answer is written (the next [`Action::Receive`]), the shell switches the
+    /// connection to the negotiated transport if both caps are non-zero.
+    Upgrade(crate::wire::ConnCaps),
 }
 
 /// What kind of input the connection waits for.
@@ -131,8 +142,12 @@ pub struct Connection<B: Backend + ?Sized = dyn Backend> {
     /// Whether the shell can lend the backend's memory to its socket and the backend agreed
     /// so far (it is asked once per reply).
     lend: bool,
+    /// The client's transport caps waiting for [`Connection::answer_hello`].
+    upgrade: Option<crate::wire::ConnCaps>,
     /// The error that failed the connection: every later poll returns it.
     failed: Option<Error>,
+    /// Told the activity after each poll and the bytes moved (admission control).
+    monitor: Option<Arc<dyn Monitor>>,
     /// Sees every event before it runs (fuzz targets check the session's event grammar).
     #[cfg(feature = "testing")]
     observer: Option<Observer>,
@@ -169,7 +184,9 @@ impl<B: Backend + ?Sized> Connection<B> {
             parked: None,
             comm: None,
             lend: direct_io,
+            upgrade: None,
             failed: None,
+            monitor: None,
             #[cfg(feature = "testing")]
             observer: None,
         })
@@ -179,6 +196,33 @@ impl<B: Backend + ?Sized> Connection<B> {
     /// memory (see [`new`](Self::new)).
     pub fn set_direct_io(&mut self, direct_io: bool) {
         self.lend = direct_io;
+    }
+
+    /// Reports this connection's [`Activity`] after every poll, and the bytes it moves, to
+    /// `monitor` (the server's admission control).
+    pub fn set_monitor(&mut self, monitor: Arc<dyn Monitor>) {
+        self.monitor = Some(monitor);
+    }
+
+    /// What the connection does, as of now (see [`Activity`]).
+    pub fn activity(&self) -> Activity {
+        if self.parked.is_some() || self.comm.is_some() {
+            Activity::Working
+        } else if self.reply.is_some() || self.session.has_transmit() {
+            Activity::Sending
+        } else if self.session.awaiting_hello() {
+            Activity::AwaitingHello
+        } else if self.session.stream_remaining() > 0 || self.session.buffered() > 0 {
+            Activity::Receiving
+        } else {
+            Activity::Idle
+        }
+    }
+
+    fn moved(&self, bytes: usize) {
+        if let Some(monitor) = &self.monitor {
+            monitor.moved(bytes as u64);
+        }
     }
 
     /// Calls `observer` with every event before it runs (feature `testing`).
@@ -194,6 +238,7 @@ impl<B: Backend + ?Sized> Connection<B> {
 
     /// Appends bytes read from the client.
     pub fn handle_input(&mut self, data: Bytes) {
+        self.moved(data.len());
         self.session.handle_input(data);
     }
 
@@ -204,7 +249,10 @@ impl<B: Backend + ?Sized> Connection<B> {
 
     /// The next bytes to write to the client, in order.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        self.session.poll_transmit()
+        let bytes = self.session.poll_transmit()?;
+        // Counted when handed out: a reply larger than one transmit goes in place or in pieces.
+        self.moved(bytes.len());
+        Some(bytes)
     }
 
     /// Whether bytes wait in [`poll_transmit`](Self::poll_transmit).
@@ -254,11 +302,22 @@ impl<B: Backend + ?Sized> Connection<B> {
         if let Err(error) = &result {
             self.failed = Some(error.clone());
         }
+        if let Some(monitor) = &self.monitor {
+            let activity = match &result {
+                Ok(Action::Offload | Action::Comm(_)) => Activity::Working,
+                _ => self.activity(),
+            };
+            monitor.activity(activity, !self.dispatcher.buffers().is_empty());
+        }
         result
     }
 
     fn poll_inner(&mut self, place: Place) -> Result<Action> {
         loop {
+            if let Some(peer) = self.upgrade {
+                // Nothing else runs before HELLO is answered (the client waits for it).
+                return Ok(Action::Upgrade(peer));
+            }
             if let Some(event) = self.parked.take() {
                 if place == Place::EventLoop {
                     self.parked = Some(event);
@@ -333,6 +392,12 @@ impl<B: Backend + ?Sized> Connection<B> {
         if let Some(observer) = self.observer.as_mut() {
             observer(&event);
         }
+        // Lent replies cost no copy, so medium ones (logits) are worth streaming too.
+        self.dispatcher.set_stream_replies_above(if self.lend {
+            MIN_IN_PLACE_REPLY
+        } else {
+            MAX_REPLY_CHUNK
+        });
         match self.dispatcher.handle(event)? {
             Outcome::Done => {}
             Outcome::Respond(response) => self.session.send_response(&response)?,
@@ -357,8 +422,18 @@ impl<B: Backend + ?Sized> Connection<B> {
             }
             Outcome::CommFree { device } => self.comm = Some(CommWork::Free { device }),
             Outcome::RemoteCopy(work) => self.comm = Some(CommWork::RemoteCopy(work)),
+            Outcome::Upgrade(peer) => self.upgrade = Some(peer),
         }
         Ok(())
+    }
+
+    /// Answers the HELLO of [`Action::Upgrade`] with this side's transport caps.
+    pub fn answer_hello(&mut self, caps: crate::wire::ConnCaps) -> Result<()> {
+        if self.upgrade.take().is_none() {
+            return Err(Error::InvalidState("no HELLO waits for transport caps"));
+        }
+        let response = self.dispatcher.hello_response(caps);
+        self.session.send_response(&response)
     }
 
     /// Records the result of [`CommWork::Init`] and queues COMM_INIT's answer.
@@ -401,6 +476,7 @@ impl<B: Backend + ?Sized> Connection<B> {
                 "in-place receive reported more bytes than it was lent".into(),
             ));
         }
+        self.moved(received);
         self.dispatcher.received_in_place(received as u64)?;
         self.session.data_received_in_place(received as u64)?;
         Ok(Some(received))
@@ -428,6 +504,9 @@ impl<B: Backend + ?Sized> Connection<B> {
             return Err(Error::Backend(
                 "in-place send reported more bytes than it was lent".into(),
             ));
+        }
+        if let Some(monitor) = &self.monitor {
+            monitor.moved(sent as u64);
         }
         self.session.response_data_sent_in_place(sent as u64)?;
         reply.advance(sent as u64);

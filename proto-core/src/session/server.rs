@@ -122,6 +122,16 @@ impl ServerSession {
         self.config.dialect
     }
 
+    /// Whether HELLO has not arrived yet.
+    pub fn awaiting_hello(&self) -> bool {
+        matches!(self.state, State::AwaitHello)
+    }
+
+    /// Received bytes not yet taken by an event (part of a message that has begun).
+    pub fn buffered(&self) -> usize {
+        self.input.len()
+    }
+
     /// Appends received bytes. Parsing happens in [`poll_event`](Self::poll_event), so a shell
     /// should poll after every read and read again only when it returns `None`.
     pub fn handle_input(&mut self, data: Bytes) {

@@ -28,6 +28,7 @@ pub use pairwise::CommLink;
 pub use peers::CommPeers;
 
 use crate::remote_copy::{self, PeerAllowList};
+use crate::tls::ClientTls;
 
 /// How a connection's comm links are set up (and where remote copies may go).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub struct CommSettings {
     pub peers: CommPeers,
     /// The servers REMOTE_COPY_TENSOR may push to (`--peer`).
     pub copy_peers: Arc<PeerAllowList>,
+    /// TLS for those pushes when this server runs with TLS (its own certificate as the
+    /// client's; the peer's verified against its `--tls-client-ca`).
+    pub copy_tls: Option<ClientTls>,
 }
 
 /// One device's comm state.
@@ -148,6 +152,7 @@ impl CommLinks {
                     &work,
                     &*backend,
                     &self.settings.copy_peers,
+                    self.settings.copy_tls.as_ref(),
                     self.settings.timeout,
                 ) {
                     Ok(()) => {

@@ -9,7 +9,7 @@
 //! with fused multiply-adds. ggml-cpu is built with FMA (`-mfma`, and its SIMD loops use FMA
 //! intrinsics), so these are fused here too.
 //!
-//! This module is allowed `unsafe` for one reason: the AVX2 + FMA + F16C versions of the three
+//! This module is allowed `unsafe` for one reason: the AVX2 + FMA + F16C versions of the four
 //! loops, picked at run time when the CPU has those features (a portable `mul_add` otherwise is
 //! a library call per element). Both versions give identical results.
 
@@ -31,6 +31,12 @@ pub(super) fn mad_f16(acc: &mut [u16], v: &[u8], w: f32) {
 
 /// `acc[i] = f16(acc[i] · s)` over F16 bits.
 pub(super) fn scale_f16(acc: &mut [u16], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        unsafe { x86::scale_f16(acc, s) };
+        return;
+    }
     for a in acc.iter_mut() {
         *a = f32_to_f16(f16_to_f32(*a) * s);
     }
@@ -89,6 +95,29 @@ mod x86 {
         for j in body..n {
             let x = f16_to_f32(u16::from_le_bytes([v[2 * j], v[2 * j + 1]]));
             acc[j] = f32_to_f16(x.mul_add(w, f16_to_f32(acc[j])));
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_f16(acc: &mut [u16], s: f32) {
+        let n = acc.len();
+        let body = n - n % 8;
+        let sv = _mm256_set1_ps(s);
+        let mut i = 0;
+        while i < body {
+            // SAFETY: `i + 8 <= n`: 8 values (16 bytes) at `i` of `acc` are in bounds;
+            // unaligned load and store.
+            unsafe {
+                let a = _mm256_cvtph_ps(_mm_loadu_si128(acc.as_ptr().add(i).cast()));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(a, sv));
+                _mm_storeu_si128(acc.as_mut_ptr().add(i).cast(), h);
+            }
+            i += 8;
+        }
+        for a in &mut acc[body..] {
+            *a = f32_to_f16(f16_to_f32(*a) * s);
         }
     }
 
@@ -154,6 +183,13 @@ mod tests {
                     .zip(&vf)
                     .for_each(|(d, &x)| *d = x.mul_add(w, *d));
                 assert_eq!(c, d, "n {n} w {w}");
+                let mut e = start.clone();
+                scale_f16(&mut e, w);
+                let want: Vec<u16> = start
+                    .iter()
+                    .map(|&x| f32_to_f16(f16_to_f32(x) * w))
+                    .collect();
+                assert_eq!(e, want, "n {n} w {w}");
             }
         }
     }

@@ -63,6 +63,7 @@ mod window;
 #[cfg(test)]
 pub(super) use unary::{gelu_exact, gelu_quick_exact};
 
+use proto_core::wire::MAX_SRC;
 use proto_core::Result;
 
 use super::memory::{Arena, Dst, DstPart, NodeMemory, Src};
@@ -85,20 +86,21 @@ pub(crate) fn execute(
     memo: &mut GraphMemo,
 ) -> Result<()> {
     let NodeMemory { dst, srcs } = arena.node(&step.dst, &step.srcs)?;
-    let inputs = step
-        .srcs
-        .iter()
-        .zip(srcs)
-        .map(|(layout, src)| match (layout, src) {
+    // Filled where it lies: the array is a kilobyte, worth not moving for every node.
+    let mut node = Node {
+        pool,
+        inputs: [None; MAX_SRC],
+    };
+    for ((input, layout), src) in node.inputs.iter_mut().zip(&step.srcs).zip(srcs) {
+        *input = match (layout, src) {
             (Some(layout), Some(Src::Bytes(bytes))) => Some(Input::View(SrcView {
                 bytes,
                 layout: *layout,
             })),
             (Some(layout), Some(Src::Dst)) => Some(Input::Dst(*layout)),
             _ => None,
-        })
-        .collect();
-    let node = Node { pool, inputs };
+        };
+    }
     match step.kernel {
         Kernel::Copy => copy::copy(&node, dst),
         Kernel::Concat { dim } => copy::concat(&node, dst, dim),
@@ -187,8 +189,8 @@ pub(crate) fn execute(
 pub(super) struct Node<'a> {
     /// The threads.
     pub pool: &'a Pool,
-    /// The sources, by slot.
-    pub inputs: Vec<Option<Input<'a>>>,
+    /// The sources, by slot (`None` past the node's last).
+    pub inputs: [Option<Input<'a>>; MAX_SRC],
 }
 
 impl<'a> Node<'a> {
@@ -246,11 +248,8 @@ pub(super) fn map_rows<S>(
     let parts = dst.split_rows(chunk);
     node.pool.run_with(
         parts,
-        || {
-            let row = vec![0.0f32; ne0];
-            (init(), row.clone(), row, Vec::new())
-        },
-        |(state, x, y, bytes), mut part: DstPart<'_>| {
+        || (init(), RowScratch::take(ne0)),
+        |(state, RowScratch { x, y, bytes }), mut part: DstPart<'_>| {
             for r in part.rows() {
                 let idx = layout.row_index(r);
                 src.load_f32(&part, idx, x, bytes)?;
@@ -267,6 +266,49 @@ pub(super) fn map_rows<S>(
             Ok(())
         },
     )
+}
+
+/// The f32 rows and byte row of a `map_rows` work item, zeroed as fresh ones would be but
+/// taken from (and given back to, on drop) the thread's own spare set: a decode step runs
+/// dozens of row nodes, each of which would otherwise allocate them.
+struct RowScratch {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    bytes: Vec<u8>,
+}
+
+/// `x`, `y` and `bytes` of a [`RowScratch`] between work items.
+type SpareRows = (Vec<f32>, Vec<f32>, Vec<u8>);
+
+thread_local! {
+    static SPARE_ROWS: std::cell::Cell<Option<SpareRows>> = const { std::cell::Cell::new(None) };
+}
+
+impl RowScratch {
+    /// Two zeroed rows of `ne0` values and an empty byte row.
+    fn take(ne0: usize) -> RowScratch {
+        let (mut x, mut y, mut bytes) = SPARE_ROWS.take().unwrap_or_default();
+        for row in [&mut x, &mut y] {
+            row.clear();
+            row.resize(ne0, 0.0);
+        }
+        bytes.clear();
+        RowScratch { x, y, bytes }
+    }
+}
+
+impl Drop for RowScratch {
+    fn drop(&mut self) {
+        let rows = (
+            std::mem::take(&mut self.x),
+            std::mem::take(&mut self.y),
+            std::mem::take(&mut self.bytes),
+        );
+        // Rows of a huge node are not kept: the spare set stays small.
+        if rows.0.capacity() + rows.1.capacity() <= 1 << 20 {
+            SPARE_ROWS.set(Some(rows));
+        }
+    }
 }
 
 /// Runs `fill(state, idx, row)` for every destination row `idx` (`ne0` f32 values), split

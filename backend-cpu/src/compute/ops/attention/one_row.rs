@@ -52,7 +52,17 @@ pub(super) fn run(att: &Attention<'_>, vdt: u32, node: &Node<'_>, mut dst: Dst<'
             acc.fill(0.0);
             let mut max = f32::NEG_INFINITY;
             let mut sum = 0.0f32;
-            for c in 0..n_kv {
+            // Keys after the last one the mask lets through are skipped below anyway (the
+            // KV cache is padded well past the context in generation): stop there.
+            let live = if mrow.len() < n_kv {
+                n_kv
+            } else {
+                mrow[..n_kv]
+                    .iter()
+                    .rposition(|&m| slope * m != f32::NEG_INFINITY)
+                    .map_or(0, |last| last + 1)
+            };
+            for c in 0..live {
                 // (no mask: `mrow` is empty)
                 let mv = mrow.get(c).map_or(0.0, |&m| slope * m);
                 if mv == f32::NEG_INFINITY {
@@ -69,11 +79,15 @@ pub(super) fn run(att: &Attention<'_>, vdt: u32, node: &Node<'_>, mut dst: Dst<'
                 if s > max {
                     // a new maximum: rescale what was summed so far
                     ms = (max - s).exp();
+                    // The first key seen: nothing summed yet, and zeros scale to zeros.
+                    let first = max == f32::NEG_INFINITY;
                     max = s;
-                    if v_f16 {
-                        scale_f16(&mut acc16, ms);
-                    } else {
-                        acc.iter_mut().for_each(|a| *a *= ms);
+                    if !first {
+                        if v_f16 {
+                            scale_f16(&mut acc16, ms);
+                        } else {
+                            acc.iter_mut().for_each(|a| *a *= ms);
+                        }
                     }
                 } else {
                     vs = (s - max).exp();
