@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target for a bounded time, seeded from the test vectors.
+# Runs every cargo-fuzz target for a bounded time, seeded from the test vectors (fuzz/seeds) and
+# the minimised corpus of the long runs (fuzz/corpus-min).
 # Usage: scripts/fuzz.sh [seconds-per-target]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,9 @@ cargo fuzz build -O $targets >/dev/null 2>&1 || cargo fuzz build -O
 for target in $targets; do
     corpus="corpus/$target"
     mkdir -p "$corpus"
-    if [ -d "seeds/$target" ]; then cp -n seeds/"$target"/* "$corpus"/ 2>/dev/null || true; fi
+    for dir in seeds corpus-min; do
+        if [ -d "$dir/$target" ]; then cp -n "$dir/$target"/* "$corpus"/ 2>/dev/null || true; fi
+    done
     echo "fuzzing $target for ${seconds}s"
     cargo fuzz run -O "$target" "$corpus" -- -max_total_time="$seconds" -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 15
 done

@@ -6,7 +6,7 @@ use proto_core::ErrorKind;
 use proto_core_fuzz::graph::GraphOutcome;
 use proto_core::comm::CommError;
 use proto_core_fuzz::ranked::{self, End, RankedInput};
-use proto_core_fuzz::{boot, client, graph, mirror, server};
+use proto_core_fuzz::{boot, client, compute, graph, mirror, server};
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
@@ -194,5 +194,41 @@ fn ranked_seed_reaches_its_outcome(name: &str, data: &[u8]) {
             assert!(ends[0] == outcome.honest && ends[2] == outcome.honest, "{ends:?}");
         }
         _ => panic!("{name}: no expectation for this ranked seed"),
+    }
+}
+
+/// The minimised corpus of the long runs (`corpus-min/`, README "Long runs") replays through
+/// every harness: each of those inputs once reached new coverage, so this is the regression run
+/// of everything the long runs explored.
+#[test]
+fn minimised_corpus_replays() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus-min");
+    let targets: [(&str, fn(&[u8])); 6] = [
+        ("bootstrap", boot::fuzz),
+        ("client_session", |data| {
+            let _ = client::run(data);
+        }),
+        ("graph_compute", |data| {
+            let _ = compute::run(data);
+        }),
+        ("graph_decode", |data| {
+            let _ = graph::run(data);
+        }),
+        ("round_trip", mirror::run),
+        ("server_session", |data| {
+            let _ = server::run(data);
+        }),
+    ];
+    for (target, run) in targets {
+        let dir = root.join(target);
+        let inputs: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .collect();
+        assert!(!inputs.is_empty(), "{target}: no minimised corpus");
+        for input in inputs {
+            let data = std::fs::read(input.path()).unwrap();
+            run(&data);
+        }
     }
 }
