@@ -34,6 +34,14 @@ impl Bootstrap for MemoryBootstrap {
     fn peer_allowed(&self, ip: std::net::IpAddr) -> bool {
         ip.is_loopback()
     }
+    fn secure(
+        &self,
+        stream: TcpStream,
+        _side: Side,
+        _peer: std::net::IpAddr,
+    ) -> std::result::Result<SecuredStream, CommError> {
+        Ok(Box::new(stream))
+    }
 }
 
 /// Partial `rank` of a tensor of `n` elements: values in [-1, 1) with many mantissa bits.
