@@ -16,7 +16,6 @@
 #![cfg(feature = "tokio")]
 
 #[path = "../../tests/interop/comm.rs"]
-#[allow(dead_code)]
 mod comm;
 
 use std::io::Read;

@@ -10,8 +10,11 @@ struct MemoryBootstrap {
     blocks: Arc<Mutex<Vec<Vec<u8>>>>,
     barrier: Arc<Barrier>,
     /// Whether `secure` scrambles the connections (a stand-in for TLS) and counts each side.
-    scramble: Option<Arc<Mutex<Vec<(u32, Side)>>>>,
+    scramble: Option<Sides>,
 }
+
+/// The ranks' calls of `secure`: (rank, side).
+type Sides = Arc<Mutex<Vec<(u32, Side)>>>;
 
 /// A stream whose bytes are XORed both ways: every byte of the ring must go through the
 /// stream `secure` returned, or the peer reads garbage.
@@ -98,7 +101,7 @@ fn spawn_ranks<T: Send + 'static>(
 /// [`spawn_ranks`] with the bootstraps' `scramble`.
 fn spawn_ranks_with<T: Send + 'static>(
     world: u32,
-    scramble: Option<Arc<Mutex<Vec<(u32, Side)>>>>,
+    scramble: Option<Sides>,
     work: impl Fn(u32, Ring) -> T + Send + Sync + 'static,
 ) -> Vec<thread::JoinHandle<T>> {
     let blocks = Arc::new(Mutex::new(vec![Vec::new(); world as usize]));
