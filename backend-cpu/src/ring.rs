@@ -426,6 +426,10 @@ fn accept_prev(
 ) -> Result<Link> {
     let timeout = bootstrap.timeout();
     loop {
+        // Strangers' failed handshakes and introductions do not extend the wait.
+        if Instant::now() >= deadline {
+            return Err(timed_out(timeout));
+        }
         match listener.accept() {
             Ok((_, peer)) if !bootstrap.peer_allowed(peer.ip()) => {}
             Ok((stream, peer)) => {

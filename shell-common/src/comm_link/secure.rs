@@ -235,3 +235,117 @@ fn handshake_error(error: &dyn fmt::Display) -> CommError {
         reason: error.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::tls::test_certs::Ca;
+
+    fn comm_tls(dir: &std::path::Path, ca: &Ca, stem: &str) -> CommTls {
+        let files = ca.leaf(dir, stem, &["localhost", "127.0.0.1"]);
+        CommTls::new(&ServerTls::load(&files).unwrap())
+    }
+
+    /// A pair of loopback sockets: (connected, accepted).
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connected = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        (connected, accepted)
+    }
+
+    #[test]
+    fn both_ends_of_one_ca_talk_and_a_silent_peer_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("comm CA");
+        let (a, b) = (
+            comm_tls(dir.path(), &ca, "a"),
+            comm_tls(dir.path(), &ca, "b"),
+        );
+        let timeout = Duration::from_secs(5);
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            let mut stream = secure(accepted, Side::Accepted, "peer", Some(&b), timeout).unwrap();
+            let mut got = [0u8; 5];
+            stream.read_exact(&mut got).unwrap();
+            stream.write_all(&got).unwrap();
+            stream.flush().unwrap();
+        });
+        let mut stream =
+            secure(connected, Side::Connected, "127.0.0.1", Some(&a), timeout).unwrap();
+        stream.write_all(b"hello").unwrap();
+        stream.flush().unwrap();
+        let mut echo = [0u8; 5];
+        stream.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"hello");
+        server.join().unwrap();
+
+        // A peer that connects and says nothing: the handshake ends at the timeout.
+        let short = Duration::from_millis(300);
+        for side in [Side::Accepted, Side::Connected] {
+            let (connected, accepted) = pair();
+            let (ours, _silent) = match side {
+                Side::Accepted => (accepted, connected),
+                Side::Connected => (connected, accepted),
+            };
+            let started = Instant::now();
+            let error = secure(ours, side, "127.0.0.1", Some(&a), short).unwrap_err();
+            assert!(
+                matches!(error, CommError::Timeout { .. }),
+                "{side:?}: {error}"
+            );
+            assert!(
+                started.elapsed() < short * 4,
+                "{side:?}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    #[test]
+    fn a_certificate_of_another_ca_and_a_wrong_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = comm_tls(dir.path(), &Ca::new("our CA"), "ours");
+        let theirs = comm_tls(dir.path(), &Ca::new("their CA"), "theirs");
+        let timeout = Duration::from_secs(5);
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            secure(accepted, Side::Accepted, "peer", Some(&ours), timeout).map(|_| ())
+        });
+        let client = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&theirs),
+            timeout,
+        );
+        let error = client
+            .err()
+            .unwrap_or_else(|| server.join().unwrap().unwrap_err());
+        assert!(matches!(error, CommError::TlsHandshake { .. }), "{error}");
+
+        // The certificate names 127.0.0.1 and localhost, not 10.9.8.7.
+        let ca = Ca::new("one CA");
+        let (a, b) = (
+            comm_tls(dir.path(), &ca, "a"),
+            comm_tls(dir.path(), &ca, "b"),
+        );
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            let _ = secure(accepted, Side::Accepted, "peer", Some(&b), timeout);
+        });
+        let error = secure(connected, Side::Connected, "10.9.8.7", Some(&a), timeout).unwrap_err();
+        assert!(
+            matches!(&error, CommError::TlsHandshake { reason } if reason.contains("not valid for name")),
+            "{error}"
+        );
+        server.join().unwrap();
+
+        // Without TLS the socket is handed back as it is.
+        let (connected, _accepted) = pair();
+        let plain = secure(connected, Side::Connected, "127.0.0.1", None, timeout).unwrap();
+        assert!(matches!(plain, CommStream::Plain(_)));
+    }
+}
