@@ -41,10 +41,11 @@ pub(super) fn accept(
             Ok((stream, peer)) => {
                 stream.set_nonblocking(false)?;
                 prepare(&stream, timeout)?;
-                let stream = secure(stream, Side::Accepted, &peer.ip().to_string(), tls, timeout)
+                let peer_ip = peer.ip().to_string();
+                let stream = secure(stream, Side::Accepted, &peer_ip, tls, deadline, timeout)
                     .inspect_err(|error| {
-                    tracing::warn!(%peer, %error, "comm link: peer refused");
-                })?;
+                        tracing::warn!(%peer, %error, "comm link: peer refused");
+                    })?;
                 tracing::info!(%peer, tls = tls.is_some(), "comm link: peer connected");
                 return Ok(stream);
             }
@@ -92,8 +93,7 @@ pub(super) fn connect(
             match TcpStream::connect_timeout(addr, left) {
                 Ok(stream) => {
                     prepare(&stream, timeout)?;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let stream = secure(stream, Side::Connected, host, tls, left.min(timeout))
+                    let stream = secure(stream, Side::Connected, host, tls, deadline, timeout)
                         .inspect_err(|error| {
                             tracing::warn!(%addr, %error, "comm link: peer refused");
                         })?;

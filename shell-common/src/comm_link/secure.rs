@@ -121,19 +121,21 @@ impl Write for CommStream {
 }
 
 /// Secures `stream` (this end is `side`; `peer` names the other end: the host the connecting
-/// side asked for, whose certificate must carry it). Without `tls` the socket as it is.
-/// Afterwards the socket's write timeout is `timeout` again (reads set their own).
+/// side asked for, whose certificate must carry it), the handshake over by `deadline` and at
+/// most `timeout` from now. Without `tls` the socket as it is. Afterwards the socket's write
+/// timeout is `timeout` again (reads set their own).
 pub(crate) fn secure(
     stream: TcpStream,
     side: Side,
     peer: &str,
     tls: Option<&CommTls>,
+    deadline: Instant,
     timeout: Duration,
 ) -> Result<CommStream, CommError> {
     let Some(tls) = tls else {
         return Ok(CommStream::Plain(stream));
     };
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline.min(Instant::now() + timeout);
     let secured = match side {
         Side::Connected => {
             let name =
@@ -167,8 +169,9 @@ pub(crate) fn secure_boxed(
     tls: Option<&CommTls>,
     timeout: Duration,
 ) -> Result<proto_core::backend::SecuredStream, CommError> {
+    let deadline = Instant::now() + timeout;
     Ok(
-        match secure(stream, side, &peer.to_string(), tls, timeout)? {
+        match secure(stream, side, &peer.to_string(), tls, deadline, timeout)? {
             CommStream::Plain(stream) => Box::new(stream),
             CommStream::Client(tls) => tls,
             CommStream::Server(tls) => tls,
@@ -248,6 +251,11 @@ mod tests {
         CommTls::new(&ServerTls::load(&files).unwrap())
     }
 
+    /// A deadline that does not bound anything here.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
     /// A pair of loopback sockets: (connected, accepted).
     fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -267,14 +275,22 @@ mod tests {
         let timeout = Duration::from_secs(5);
         let (connected, accepted) = pair();
         let server = std::thread::spawn(move || {
-            let mut stream = secure(accepted, Side::Accepted, "peer", Some(&b), timeout).unwrap();
+            let mut stream =
+                secure(accepted, Side::Accepted, "peer", Some(&b), far(), timeout).unwrap();
             let mut got = [0u8; 5];
             stream.read_exact(&mut got).unwrap();
             stream.write_all(&got).unwrap();
             stream.flush().unwrap();
         });
-        let mut stream =
-            secure(connected, Side::Connected, "127.0.0.1", Some(&a), timeout).unwrap();
+        let mut stream = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap();
         stream.write_all(b"hello").unwrap();
         stream.flush().unwrap();
         let mut echo = [0u8; 5];
@@ -291,7 +307,7 @@ mod tests {
                 Side::Connected => (connected, accepted),
             };
             let started = Instant::now();
-            let error = secure(ours, side, "127.0.0.1", Some(&a), short).unwrap_err();
+            let error = secure(ours, side, "127.0.0.1", Some(&a), far(), short).unwrap_err();
             assert!(
                 matches!(error, CommError::Timeout { .. }),
                 "{side:?}: {error}"
@@ -312,13 +328,22 @@ mod tests {
         let timeout = Duration::from_secs(5);
         let (connected, accepted) = pair();
         let server = std::thread::spawn(move || {
-            secure(accepted, Side::Accepted, "peer", Some(&ours), timeout).map(|_| ())
+            secure(
+                accepted,
+                Side::Accepted,
+                "peer",
+                Some(&ours),
+                far(),
+                timeout,
+            )
+            .map(|_| ())
         });
         let client = secure(
             connected,
             Side::Connected,
             "127.0.0.1",
             Some(&theirs),
+            far(),
             timeout,
         );
         let error = client
@@ -334,9 +359,17 @@ mod tests {
         );
         let (connected, accepted) = pair();
         let server = std::thread::spawn(move || {
-            let _ = secure(accepted, Side::Accepted, "peer", Some(&b), timeout);
+            let _ = secure(accepted, Side::Accepted, "peer", Some(&b), far(), timeout);
         });
-        let error = secure(connected, Side::Connected, "10.9.8.7", Some(&a), timeout).unwrap_err();
+        let error = secure(
+            connected,
+            Side::Connected,
+            "10.9.8.7",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap_err();
         assert!(
             matches!(&error, CommError::TlsHandshake { reason } if reason.contains("not valid for name")),
             "{error}"
@@ -345,7 +378,15 @@ mod tests {
 
         // Without TLS the socket is handed back as it is.
         let (connected, _accepted) = pair();
-        let plain = secure(connected, Side::Connected, "127.0.0.1", None, timeout).unwrap();
+        let plain = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            None,
+            far(),
+            timeout,
+        )
+        .unwrap();
         assert!(matches!(plain, CommStream::Plain(_)));
     }
 }
