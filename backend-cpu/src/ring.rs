@@ -18,6 +18,11 @@
 //! so every rank ends with the same bits. Sends run on a thread of their own; every wait for a
 //! segment and every blocked write is bounded by the comm timeout, and the side that fails
 //! first shuts the other side's socket down.
+//!
+//! The shell secures both connections before the introduction ([`Bootstrap::secure`]): TLS
+//! with the server's certificate when it runs with TLS (this crate sees only a byte stream),
+//! the sockets unchanged otherwise. The raw sockets are kept beside the streams, for their
+//! timeouts and the shutdown.
 
 use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
@@ -27,7 +32,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use proto_core::backend::{Backend, Bootstrap, Communicator, TensorLocation};
+use proto_core::backend::{Backend, Bootstrap, Communicator, SecuredStream, Side, TensorLocation};
 use proto_core::comm::bf16::{bf16_to_f32, f32_to_bf16};
 use proto_core::comm::{accumulate, encode_partial, CommError, WireFormat};
 use proto_core::{Error, Result};
@@ -44,13 +49,42 @@ const NO_FAILURE: u8 = 0;
 const RECEIVER_FAILED: u8 = 1;
 const SENDER_FAILED: u8 = 2;
 
+/// One connection of the ring: the stream the shell secured, and its socket.
+struct Link {
+    stream: SecuredStream,
+    socket: TcpStream,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.socket.fmt(f)
+    }
+}
+
+impl Link {
+    /// Has the shell secure `socket` (this end is `side`, the other at `peer`).
+    fn secure(
+        socket: TcpStream,
+        side: Side,
+        peer: std::net::IpAddr,
+        bootstrap: &dyn Bootstrap,
+    ) -> Result<Link> {
+        let raw = socket.try_clone().map_err(comm)?;
+        let stream = bootstrap.secure(socket, side, peer)?;
+        Ok(Link {
+            stream,
+            socket: raw,
+        })
+    }
+}
+
 /// A ring of TCP connections: to the next rank and from the previous one.
 #[derive(Debug)]
 pub(crate) struct Ring {
     rank: u32,
     world: u32,
-    to_next: TcpStream,
-    from_prev: TcpStream,
+    to_next: Link,
+    from_prev: Link,
     timeout: Duration,
     /// The tensor of the last all-reduce, reused by the next (freed with the ring).
     scratch: Vec<f32>,
@@ -79,16 +113,19 @@ impl Ring {
                 ip: next_addr.ip(),
             }));
         }
-        let mut to_next = connect(next_addr, deadline, timeout)?;
-        let mut hello = [0u8; HELLO];
-        hello[..8].copy_from_slice(&next_token.to_le_bytes());
-        hello[8..12].copy_from_slice(&rank.to_le_bytes());
-        hello[12..].copy_from_slice(&world.to_le_bytes());
-        to_next
-            .write_all(&hello)
-            .map_err(|e| io_error(e, timeout))?;
-        let allowed = |ip| bootstrap.peer_allowed(ip);
-        let from_prev = accept_prev(&listener, token, prev, world, deadline, timeout, &allowed)?;
+        // With TLS a connection is usable once the next rank has handshaken it, so the ranks
+        // take turns around the ring: rank 0 connects first, every other rank first accepts
+        // its previous rank and then connects to its next (all at once, each would wait for a
+        // handshake its next rank has not reached yet).
+        let (to_next, from_prev) = if rank == 0 {
+            let to_next = introduce(&*bootstrap, next_addr, next_token, deadline)?;
+            let from_prev = accept_prev(&listener, token, prev, world, deadline, &*bootstrap)?;
+            (to_next, from_prev)
+        } else {
+            let from_prev = accept_prev(&listener, token, prev, world, deadline, &*bootstrap)?;
+            let to_next = introduce(&*bootstrap, next_addr, next_token, deadline)?;
+            (to_next, from_prev)
+        };
         Ok(Ring {
             rank,
             world,
@@ -142,8 +179,8 @@ impl Ring {
         // once instead of waiting out its own timeout (a sender blocked on a stalled next rank,
         // a receiver waiting for bytes the failed side will never pass on); its error is the
         // one reported.
-        let stop_sending = self.to_next.try_clone().map_err(comm)?;
-        let stop_receiving = self.from_prev.try_clone().map_err(comm)?;
+        let stop_sending = &self.to_next.socket;
+        let stop_receiving = &self.from_prev.socket;
         let first_failure = AtomicU8::new(NO_FAILURE);
         let fail = |side: u8, other: &TcpStream| {
             if first_failure
@@ -153,22 +190,31 @@ impl Ring {
                 let _ = other.shutdown(Shutdown::Both);
             }
         };
-        let to_next = &mut self.to_next;
-        let from_prev = &mut self.from_prev;
+        let to_next = &mut self.to_next.stream;
+        let (from_prev, prev_socket) = (&mut self.from_prev.stream, &self.from_prev.socket);
         std::thread::scope(|scope| {
             let (queue, outbox) = mpsc::channel::<bytes::Bytes>();
             let sender = scope.spawn(|| -> Result<()> {
                 for data in outbox {
-                    if let Err(e) = to_next.write_all(&data) {
-                        fail(SENDER_FAILED, &stop_receiving);
+                    // With TLS the flush hands the last record to the socket.
+                    if let Err(e) = to_next.write_all(&data).and_then(|()| to_next.flush()) {
+                        fail(SENDER_FAILED, stop_receiving);
                         return Err(io_error(e, timeout));
                     }
                 }
                 Ok(())
             });
-            let received = receive_side(values, rank, world, format, &queue, from_prev, timeout);
+            let received = receive_side(
+                values,
+                rank,
+                world,
+                format,
+                &queue,
+                (from_prev, prev_socket),
+                timeout,
+            );
             if received.is_err() {
-                fail(RECEIVER_FAILED, &stop_sending);
+                fail(RECEIVER_FAILED, stop_sending);
             }
             drop(queue);
             let sent = sender
@@ -200,7 +246,7 @@ fn receive_side(
     world: usize,
     format: WireFormat,
     queue: &mpsc::Sender<bytes::Bytes>,
-    from_prev: &mut TcpStream,
+    (from_prev, socket): (&mut SecuredStream, &TcpStream),
     timeout: Duration,
 ) -> Result<()> {
     let send = |data: bytes::Bytes| {
@@ -215,7 +261,8 @@ fn receive_side(
         for segment in segments(chunk(n, world, c)) {
             let part = &mut values[segment];
             let len = part.len() * format.element_size();
-            read_wire(from_prev, &mut wire, len, Instant::now() + timeout, timeout)?;
+            let deadline = Instant::now() + timeout;
+            read_wire((&mut *from_prev, socket), &mut wire, len, deadline, timeout)?;
             f(part, &wire)?;
         }
         Ok(())
@@ -285,9 +332,10 @@ fn decode(values: &mut [f32], wire: &[u8], format: WireFormat) {
     }
 }
 
-/// Reads exactly `len` bytes into `buf` before `deadline`.
+/// Reads exactly `len` bytes from a stream into `buf` before `deadline` (the read timeouts
+/// set on its socket).
 fn read_wire(
-    stream: &mut TcpStream,
+    (stream, socket): (&mut SecuredStream, &TcpStream),
     buf: &mut Vec<u8>,
     len: usize,
     deadline: Instant,
@@ -300,7 +348,7 @@ fn read_wire(
         if left.is_zero() {
             return Err(timed_out(timeout));
         }
-        stream.set_read_timeout(Some(left)).map_err(comm)?;
+        socket.set_read_timeout(Some(left)).map_err(comm)?;
         match stream.read(&mut buf[filled..]) {
             Ok(0) => return Err(Error::Comm(CommError::ConnectionClosed { peer: None })),
             Ok(k) => filled += k,
@@ -324,6 +372,28 @@ fn peer_block(gathered: &[u8], peer: u32) -> Result<(SocketAddr, u64)> {
     Ok((SocketAddr::from((ip, port)), u64::from_le_bytes(token)))
 }
 
+/// Connects to the next rank at `addr`, has the shell secure the connection, and introduces
+/// this rank with the next one's `token`.
+fn introduce(
+    bootstrap: &dyn Bootstrap,
+    addr: SocketAddr,
+    token: u64,
+    deadline: Instant,
+) -> Result<Link> {
+    let (rank, world, timeout) = (bootstrap.rank(), bootstrap.world(), bootstrap.timeout());
+    let socket = connect(addr, deadline, timeout)?;
+    let mut link = Link::secure(socket, Side::Connected, addr.ip(), bootstrap)?;
+    let mut hello = [0u8; HELLO];
+    hello[..8].copy_from_slice(&token.to_le_bytes());
+    hello[8..12].copy_from_slice(&rank.to_le_bytes());
+    hello[12..].copy_from_slice(&world.to_le_bytes());
+    link.stream
+        .write_all(&hello)
+        .and_then(|()| link.stream.flush())
+        .map_err(|e| io_error(e, timeout))?;
+    Ok(link)
+}
+
 /// Connects to the next rank's ring listener (which was bound before the exchange).
 fn connect(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
     loop {
@@ -343,30 +413,47 @@ fn connect(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<Tcp
     }
 }
 
-/// Accepts the previous rank: the first connection from an allowed address that introduces
-/// itself with this rank's token, rank `prev` and the same world.
+/// Accepts the previous rank: the first connection from an allowed address that the shell
+/// secures (with TLS: a certificate of our CA) and that introduces itself with this rank's
+/// token, rank `prev` and the same world.
 fn accept_prev(
     listener: &TcpListener,
     token: u64,
     prev: u32,
     world: u32,
     deadline: Instant,
-    timeout: Duration,
-    allowed: &dyn Fn(std::net::IpAddr) -> bool,
-) -> Result<TcpStream> {
+    bootstrap: &dyn Bootstrap,
+) -> Result<Link> {
+    let timeout = bootstrap.timeout();
     loop {
+        // Strangers' failed handshakes and introductions do not extend the wait.
+        if Instant::now() >= deadline {
+            return Err(timed_out(timeout));
+        }
         match listener.accept() {
-            Ok((_, peer)) if !allowed(peer.ip()) => {}
-            Ok((mut stream, _)) => {
+            Ok((_, peer)) if !bootstrap.peer_allowed(peer.ip()) => {}
+            Ok((stream, peer)) => {
                 stream.set_nonblocking(false).map_err(comm)?;
+                let Ok(mut link) = Link::secure(stream, Side::Accepted, peer.ip(), bootstrap)
+                else {
+                    // A failed handshake: not one of ours; drop it and go on waiting.
+                    continue;
+                };
                 let mut hello = Vec::new();
-                if read_wire(&mut stream, &mut hello, HELLO, deadline, timeout).is_ok()
+                let read = read_wire(
+                    (&mut link.stream, &link.socket),
+                    &mut hello,
+                    HELLO,
+                    deadline,
+                    timeout,
+                );
+                if read.is_ok()
                     && hello[..8] == token.to_le_bytes()
                     && hello[8..12] == prev.to_le_bytes()
                     && hello[12..] == world.to_le_bytes()
                 {
-                    stream.set_write_timeout(Some(timeout)).map_err(comm)?;
-                    return Ok(stream);
+                    link.socket.set_write_timeout(Some(timeout)).map_err(comm)?;
+                    return Ok(link);
                 }
                 // Not the previous rank: drop it and go on waiting.
             }

@@ -178,6 +178,7 @@ impl ServerConfig {
                 peers: self.comm_peers.clone(),
                 copy_peers: Arc::new(self.peers.clone()),
                 copy_tls: self.tls.as_ref().map(|tls| tls.client.clone()),
+                tls: self.tls.as_ref().map(crate::comm_link::CommTls::new),
             },
         })
     }

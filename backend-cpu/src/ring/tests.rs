@@ -9,6 +9,35 @@ struct MemoryBootstrap {
     world: u32,
     blocks: Arc<Mutex<Vec<Vec<u8>>>>,
     barrier: Arc<Barrier>,
+    /// Whether `secure` scrambles the connections (a stand-in for TLS) and counts each side.
+    scramble: Option<Sides>,
+}
+
+/// The ranks' calls of `secure`: (rank, side).
+type Sides = Arc<Mutex<Vec<(u32, Side)>>>;
+
+/// A stream whose bytes are XORed both ways: every byte of the ring must go through the
+/// stream `secure` returned, or the peer reads garbage.
+struct Scrambled(TcpStream);
+
+const KEY: u8 = 0x5a;
+
+impl Read for Scrambled {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.0.read(buf)?;
+        buf[..n].iter_mut().for_each(|b| *b ^= KEY);
+        Ok(n)
+    }
+}
+
+impl Write for Scrambled {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let scrambled: Vec<u8> = buf.iter().map(|b| b ^ KEY).collect();
+        self.0.write(&scrambled)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
 }
 
 impl Bootstrap for MemoryBootstrap {
@@ -34,6 +63,21 @@ impl Bootstrap for MemoryBootstrap {
     fn peer_allowed(&self, ip: std::net::IpAddr) -> bool {
         ip.is_loopback()
     }
+    fn secure(
+        &self,
+        stream: TcpStream,
+        side: Side,
+        peer: std::net::IpAddr,
+    ) -> std::result::Result<SecuredStream, CommError> {
+        assert!(peer.is_loopback(), "{peer}");
+        match &self.scramble {
+            None => Ok(Box::new(stream)),
+            Some(sides) => {
+                sides.lock().unwrap().push((self.rank, side));
+                Ok(Box::new(Scrambled(stream)))
+            }
+        }
+    }
 }
 
 /// Partial `rank` of a tensor of `n` elements: values in [-1, 1) with many mantissa bits.
@@ -51,6 +95,15 @@ fn spawn_ranks<T: Send + 'static>(
     world: u32,
     work: impl Fn(u32, Ring) -> T + Send + Sync + 'static,
 ) -> Vec<thread::JoinHandle<T>> {
+    spawn_ranks_with(world, None, work)
+}
+
+/// [`spawn_ranks`] with the bootstraps' `scramble`.
+fn spawn_ranks_with<T: Send + 'static>(
+    world: u32,
+    scramble: Option<Sides>,
+    work: impl Fn(u32, Ring) -> T + Send + Sync + 'static,
+) -> Vec<thread::JoinHandle<T>> {
     let blocks = Arc::new(Mutex::new(vec![Vec::new(); world as usize]));
     let barrier = Arc::new(Barrier::new(world as usize));
     let work = Arc::new(work);
@@ -61,6 +114,7 @@ fn spawn_ranks<T: Send + 'static>(
                 world,
                 blocks: blocks.clone(),
                 barrier: barrier.clone(),
+                scramble: scramble.clone(),
             };
             let work = work.clone();
             thread::spawn(move || work(rank, Ring::establish(&mut bootstrap).expect("ring set-up")))
@@ -114,6 +168,39 @@ fn every_rank_ends_with_the_same_sums() {
                     "world {world}, {n} elements: element {i} is {got}, exact sum {exact}"
                 );
             }
+        }
+    }
+}
+
+/// Both ring connections of every rank go through `Bootstrap::secure` (connected once,
+/// accepted once), and every byte of the set-up and the all-reduce through the stream it
+/// returned: with scrambled streams the sums are the same bits as over plain sockets.
+#[test]
+fn every_byte_goes_through_the_secured_streams() {
+    for world in [2u32, 3] {
+        for n in [1000usize, 40_000] {
+            let plain = run_ring(world, n, 2);
+            let sides = Arc::new(Mutex::new(Vec::new()));
+            let scrambled: Vec<Vec<f32>> =
+                spawn_ranks_with(world, Some(sides.clone()), move |rank, mut ring| {
+                    let mut v = values(n, rank + 1);
+                    for _ in 0..2 {
+                        ring.reduce(&mut v).expect("all-reduce");
+                    }
+                    v
+                })
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            for (a, b) in plain.iter().zip(&scrambled) {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+            let mut sides = sides.lock().unwrap().clone();
+            sides.sort_by_key(|&(rank, side)| (rank, side == Side::Accepted));
+            let want: Vec<(u32, Side)> = (0..world)
+                .flat_map(|rank| [(rank, Side::Connected), (rank, Side::Accepted)])
+                .collect();
+            assert_eq!(sides, want, "world {world}");
         }
     }
 }

@@ -6,7 +6,9 @@
 //! shell owns the sockets and lends them as a [`Bootstrap`]; the backend owns the
 //! [`Communicator`] it builds (one per client connection and device, dropped with them).
 //! Addresses and durations here are `core` value types: the core opens no socket and reads no
-//! clock.
+//! clock. A communicator opens its own connections; the shell secures each one
+//! ([`Bootstrap::secure`]: TLS when the server runs with it), so a backend needs no TLS of its
+//! own.
 
 use core::net::{IpAddr, Ipv4Addr};
 use core::time::Duration;
@@ -14,6 +16,24 @@ use core::time::Duration;
 use super::{Backend, TensorLocation};
 use crate::comm::CommError;
 use crate::error::Result;
+
+/// Which end of a communicator's connection this server is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// It connected to the peer (with TLS: the client, presenting the server's certificate).
+    Connected,
+    /// It accepted the peer's connection (with TLS: the server, requiring the peer's).
+    Accepted,
+}
+
+/// A byte stream both ways (a socket, or TLS over one).
+pub trait Duplex: std::io::Read + std::io::Write + Send {}
+
+impl<T: std::io::Read + std::io::Write + Send> Duplex for T {}
+
+/// A communicator's connection once the shell secured it: the socket itself, or TLS over it.
+/// Keep a clone of the socket (`try_clone`) to set its timeouts and to shut it down.
+pub type SecuredStream = Box<dyn Duplex>;
 
 /// The comm sockets of a group being set up, lent to [`Backend::communicator_init`].
 pub trait Bootstrap {
@@ -31,6 +51,18 @@ pub trait Bootstrap {
     /// Whether the deployer lets this server's comm connections reach `ip` (`--comm-peers`):
     /// a communicator checks every address it connects to or accepts from.
     fn peer_allowed(&self, ip: IpAddr) -> bool;
+    /// Secures a connection the communicator opened to `peer` ([`Side::Connected`]) or accepted
+    /// from it, before any byte of its own went over it: with TLS when the server runs with it
+    /// (the handshake bounded by [`Bootstrap::timeout`]; the peer's certificate verified, and
+    /// on a connected socket its name checked against `peer`), else the socket unchanged, so
+    /// the wire bytes are the plain link's. An error: the peer is not to be trusted (or the
+    /// handshake timed out); close the socket.
+    fn secure(
+        &self,
+        stream: std::net::TcpStream,
+        side: Side,
+        peer: IpAddr,
+    ) -> std::result::Result<SecuredStream, CommError>;
 }
 
 /// A built communicator: sums F32 tensors in place across its ranks.

@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::graph::Graph;
 use crate::wire::RpcTensor;
 
-pub use communicator::{Bootstrap, Communicator};
+pub use communicator::{Bootstrap, Communicator, Duplex, SecuredStream, Side};
 pub use memory::MemoryBackend;
 
 /// A backend's own name for one of its buffers.

@@ -133,6 +133,13 @@ pub enum CommError {
         /// The address refused.
         ip: core::net::IpAddr,
     },
+    /// The TLS handshake of a comm connection failed: a certificate was refused (ours or the
+    /// peer's), or the peer speaks no TLS.
+    #[error("comm link TLS handshake failed: {reason}")]
+    TlsHandshake {
+        /// What the TLS library reported.
+        reason: String,
+    },
     /// The peer sent bytes the exchange in progress did not ask for.
     #[error("the peer sent data out of turn")]
     OutOfTurn,

@@ -4,8 +4,10 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use proto_core::backend::Side;
 use proto_core::comm::{CommError, Transmit};
 
+use super::secure::{secure, CommStream, CommTls};
 use super::CommPeers;
 
 /// The reference's connect retries: 100 tries, 50 ms apart.
@@ -22,13 +24,15 @@ pub(super) fn listen(port: u16) -> Result<TcpListener, CommError> {
 }
 
 /// Accepts the next connection from an allowed peer before `deadline`; others are closed at
-/// once, with a log line.
+/// once, with a log line. With `tls` the peer must complete the handshake with a certificate of
+/// our CA (within the timeout); a peer that does not fails the set-up.
 pub(super) fn accept(
     listener: &TcpListener,
     deadline: Instant,
     timeout: Duration,
     peers: &CommPeers,
-) -> Result<TcpStream, CommError> {
+    tls: Option<&CommTls>,
+) -> Result<CommStream, CommError> {
     loop {
         match listener.accept() {
             Ok((_, peer)) if !peers.allows(peer.ip()) => {
@@ -37,7 +41,12 @@ pub(super) fn accept(
             Ok((stream, peer)) => {
                 stream.set_nonblocking(false)?;
                 prepare(&stream, timeout)?;
-                tracing::info!(%peer, "comm link: peer connected");
+                let peer_ip = peer.ip().to_string();
+                let stream = secure(stream, Side::Accepted, &peer_ip, tls, deadline, timeout)
+                    .inspect_err(|error| {
+                        tracing::warn!(%peer, %error, "comm link: peer refused");
+                    })?;
+                tracing::info!(%peer, tls = tls.is_some(), "comm link: peer connected");
                 return Ok(stream);
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
@@ -52,14 +61,16 @@ pub(super) fn accept(
 }
 
 /// Connects to `host:port`, retrying while nothing listens there yet (as the reference: 100
-/// tries, 50 ms apart), never past `deadline`; only to addresses `peers` allows.
+/// tries, 50 ms apart), never past `deadline`; only to addresses `peers` allows. With `tls`
+/// the peer's certificate must be of our CA and name `host`.
 pub(super) fn connect(
     host: &str,
     port: u16,
     deadline: Instant,
     timeout: Duration,
     peers: &CommPeers,
-) -> Result<TcpStream, CommError> {
+    tls: Option<&CommTls>,
+) -> Result<CommStream, CommError> {
     let resolved: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()?
         .filter(SocketAddr::is_ipv4)
@@ -82,7 +93,11 @@ pub(super) fn connect(
             match TcpStream::connect_timeout(addr, left) {
                 Ok(stream) => {
                     prepare(&stream, timeout)?;
-                    tracing::info!(%addr, "comm link: connected");
+                    let stream = secure(stream, Side::Connected, host, tls, deadline, timeout)
+                        .inspect_err(|error| {
+                            tracing::warn!(%addr, %error, "comm link: peer refused");
+                        })?;
+                    tracing::info!(%addr, tls = tls.is_some(), "comm link: connected");
                     return Ok(stream);
                 }
                 Err(error) => last = error,
@@ -104,11 +119,15 @@ fn prepare(stream: &TcpStream, timeout: Duration) -> Result<(), CommError> {
 
 /// Writes one transmit (the reference's send + flush).
 pub(super) fn write(
-    stream: &mut TcpStream,
+    stream: &mut CommStream,
     transmit: &Transmit,
     timeout: Duration,
 ) -> Result<(), CommError> {
-    stream.write_all(&transmit.data).map_err(|error| {
+    // With TLS the flush hands the last record to the socket; on a socket it does nothing.
+    let written = stream
+        .write_all(&transmit.data)
+        .and_then(|()| stream.flush());
+    written.map_err(|error| {
         if matches!(
             error.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
@@ -122,7 +141,7 @@ pub(super) fn write(
 
 /// Reads at most `max` bytes (at least one unless EOF) before `deadline`; empty at EOF.
 pub(super) fn read_up_to(
-    stream: &mut TcpStream,
+    stream: &mut CommStream,
     max: usize,
     deadline: Instant,
     timeout: Duration,
@@ -131,7 +150,7 @@ pub(super) fn read_up_to(
     if left.is_zero() {
         return Err(timed_out(timeout));
     }
-    stream.set_read_timeout(Some(left))?;
+    stream.socket().set_read_timeout(Some(left))?;
     let mut buf = vec![0u8; max.max(1)];
     match stream.read(&mut buf) {
         Ok(n) => {

@@ -14,6 +14,7 @@ mod io;
 pub mod pairwise;
 pub mod peers;
 mod ranked;
+mod secure;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use proto_core::wire::CommInitRequest;
 
 pub use pairwise::CommLink;
 pub use peers::CommPeers;
+pub use secure::CommTls;
 
 use crate::remote_copy::{self, PeerAllowList};
 use crate::tls::ClientTls;
@@ -48,6 +50,9 @@ pub struct CommSettings {
     /// TLS for those pushes when this server runs with TLS (its own certificate as the
     /// client's; the peer's verified against its `--tls-client-ca`).
     pub copy_tls: Option<ClientTls>,
+    /// TLS for every comm-link connection when this server runs with TLS (the same
+    /// certificate, key and CA; both ends verify the other).
+    pub tls: Option<CommTls>,
 }
 
 /// One device's comm state.
@@ -176,6 +181,7 @@ impl CommLinks {
                 request,
                 timeout,
                 &self.settings.peers,
+                self.settings.tls.as_ref(),
             )?)),
             LinkVariant::Ranked => {
                 let backend = &**conn.backend();

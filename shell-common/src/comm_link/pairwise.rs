@@ -2,25 +2,25 @@
 //! all-reduce exchange (§6.4), which the newest link also uses at world 2 when a rank votes
 //! against a backend communicator.
 
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use proto_core::comm::{CommError, Handshake, LinkVariant, PairwiseAllReduce, WireFormat};
 use proto_core::wire::CommInitRequest;
 
+use super::secure::{CommStream, CommTls};
 use super::{io, CommPeers};
 
 /// An established link to the other rank of a two-rank group.
 #[derive(Debug)]
 pub struct CommLink {
-    stream: TcpStream,
+    stream: CommStream,
     rank: u32,
     timeout: Duration,
 }
 
 impl CommLink {
     /// The link over `stream`, whose set-up is complete.
-    pub(super) fn new(stream: TcpStream, rank: u32, timeout: Duration) -> CommLink {
+    pub(super) fn new(stream: CommStream, rank: u32, timeout: Duration) -> CommLink {
         CommLink {
             stream,
             rank,
@@ -34,24 +34,28 @@ impl CommLink {
     }
 
     /// Sets up the 8.0.0 link that COMM_INIT asks for (world 2 only): rank 0 accepts one
-    /// peer, rank 1 connects; then the caps exchange.
+    /// peer, rank 1 connects; with `tls` the TLS handshake; then the caps exchange.
     pub fn establish(
         request: &CommInitRequest,
         timeout: Duration,
         peers: &CommPeers,
+        tls: Option<&CommTls>,
     ) -> Result<CommLink, CommError> {
         let port = port_of(request)?;
         let deadline = Instant::now() + timeout;
         let (mut stream, handshake) = if request.rank == 0 {
             let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
             let listener = io::listen(port)?;
-            (io::accept(&listener, deadline, timeout, peers)?, handshake)
+            (
+                io::accept(&listener, deadline, timeout, peers, tls)?,
+                handshake,
+            )
         } else {
             let handshake =
                 Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
             let host = host_of(request)?;
             (
-                io::connect(&host, port, deadline, timeout, peers)?,
+                io::connect(&host, port, deadline, timeout, peers, tls)?,
                 handshake,
             )
         };
@@ -104,7 +108,7 @@ pub(super) fn host_of(request: &CommInitRequest) -> Result<String, CommError> {
 /// Runs one side's handshake on `stream` to its end. Both ends announce all-zero caps: the
 /// link stays on TCP.
 pub(super) fn drive_handshake(
-    stream: &mut TcpStream,
+    stream: &mut CommStream,
     mut handshake: Handshake,
     deadline: Instant,
     timeout: Duration,

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use proto_core::backend::{Backend, Bootstrap, Communicator};
+use proto_core::backend::{Backend, Bootstrap, Communicator, SecuredStream, Side};
 use proto_core::comm::{
     negotiate, path_offer, BootstrapExchange, CommError, Handshake, LinkVariant, Path, Rank0Event,
     Rank0Setup,
@@ -17,6 +17,7 @@ use proto_core::comm::{
 use proto_core::wire::CommInitRequest;
 
 use super::pairwise::{drive_handshake, host_of, port_of, CommLink};
+use super::secure::{secure_boxed, CommStream, CommTls};
 use super::{io, CommPeers, CommSettings};
 
 /// Largest bootstrap exchange (all ranks' blocks together) a rank takes part in.
@@ -38,18 +39,18 @@ pub(super) fn establish(
     vote: bool,
     settings: &CommSettings,
 ) -> proto_core::Result<Ranked> {
-    let (timeout, peers) = (settings.timeout, &settings.peers);
+    let (timeout, peers, tls) = (settings.timeout, &settings.peers, settings.tls.as_ref());
     let port = port_of(request)?;
     let deadline = Instant::now() + timeout;
     let mut star = if request.rank == 0 {
-        Star::accept(port, request.world, deadline, timeout, peers)?
+        Star::accept(port, request.world, deadline, timeout, peers, tls)?
     } else {
         let handshake =
             Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
         let host = host_of(request)?;
-        let mut stream = io::connect(&host, port, deadline, timeout, peers)?;
+        let mut stream = io::connect(&host, port, deadline, timeout, peers, tls)?;
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
-        Star::leaf(stream, request.rank, request.world, timeout, peers)?
+        Star::leaf(stream, request.rank, request.world, timeout, peers, tls)?
     };
     let votes = star.exchange(&[path_offer(vote)])?;
     match negotiate(&votes)? {
@@ -75,10 +76,11 @@ pub(super) fn establish(
 struct Star {
     rank: u32,
     world: u32,
-    streams: Vec<TcpStream>,
+    streams: Vec<CommStream>,
     local_ip: Ipv4Addr,
     timeout: Duration,
     peers: CommPeers,
+    tls: Option<CommTls>,
 }
 
 impl Star {
@@ -89,10 +91,11 @@ impl Star {
         deadline: Instant,
         timeout: Duration,
         peers: &CommPeers,
+        tls: Option<&CommTls>,
     ) -> Result<Star, CommError> {
         let mut setup = Rank0Setup::new(LinkVariant::Ranked, world, [0; 24])?;
         let listener = io::listen(port)?;
-        let mut current: Option<TcpStream> = None;
+        let mut current: Option<CommStream> = None;
         let mut joined = BTreeMap::new();
         loop {
             let mut progressed = false;
@@ -106,7 +109,7 @@ impl Star {
                 progressed = true;
                 match event {
                     Rank0Event::Accept => {
-                        current = Some(io::accept(&listener, deadline, timeout, peers)?);
+                        current = Some(io::accept(&listener, deadline, timeout, peers, tls)?);
                         setup.handle_accepted()?;
                     }
                     Rank0Event::CapsExchanged { .. } => {}
@@ -139,8 +142,12 @@ impl Star {
             }
             io::offer(&data, |piece| setup.handle_input(piece))?;
         }
-        let streams: Vec<TcpStream> = joined.into_values().collect();
-        let local_ip = match streams.first().map(TcpStream::local_addr).transpose()? {
+        let streams: Vec<CommStream> = joined.into_values().collect();
+        let local_ip = match streams
+            .first()
+            .map(|stream| stream.socket().local_addr())
+            .transpose()?
+        {
             Some(SocketAddr::V4(addr)) => *addr.ip(),
             _ => Ipv4Addr::LOCALHOST,
         };
@@ -151,18 +158,20 @@ impl Star {
             local_ip,
             timeout,
             peers: peers.clone(),
+            tls: tls.cloned(),
         })
     }
 
     /// A rank above 0 with its socket to rank 0.
     fn leaf(
-        stream: TcpStream,
+        stream: CommStream,
         rank: u32,
         world: u32,
         timeout: Duration,
         peers: &CommPeers,
+        tls: Option<&CommTls>,
     ) -> Result<Star, CommError> {
-        let local_ip = match stream.local_addr()? {
+        let local_ip = match stream.socket().local_addr()? {
             SocketAddr::V4(addr) => *addr.ip(),
             SocketAddr::V6(_) => Ipv4Addr::LOCALHOST,
         };
@@ -173,11 +182,12 @@ impl Star {
             local_ip,
             timeout,
             peers: peers.clone(),
+            tls: tls.cloned(),
         })
     }
 
     /// The socket to `peer`.
-    fn stream(&mut self, peer: u32) -> Result<&mut TcpStream, CommError> {
+    fn stream(&mut self, peer: u32) -> Result<&mut CommStream, CommError> {
         let index = if self.rank == 0 {
             peer.checked_sub(1)
         } else {
@@ -242,5 +252,14 @@ impl Bootstrap for Star {
 
     fn peer_allowed(&self, ip: IpAddr) -> bool {
         self.peers.allows(ip)
+    }
+
+    fn secure(
+        &self,
+        stream: TcpStream,
+        side: Side,
+        peer: IpAddr,
+    ) -> Result<SecuredStream, CommError> {
+        secure_boxed(stream, side, peer, self.tls.as_ref(), self.timeout)
     }
 }

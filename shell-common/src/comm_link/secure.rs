@@ -1,0 +1,392 @@
+//! TLS on the comm link: when the server runs with `--tls-*`, every connection between servers
+//! (the set-up sockets, the pairwise all-reduce, a backend communicator's own connections) is
+//! TLS 1.3 with the server's certificate and key, and both ends verify the other's certificate
+//! against `--tls-client-ca`: the accepting end as a TLS server requiring a client
+//! certificate, the connecting end as a TLS client presenting the server's certificate and
+//! checking the peer's for the address it connected to. Without TLS the socket is used as is,
+//! byte for byte the reference's link.
+//!
+//! The handshake runs before any byte of the link, its every wait bounded by the comm timeout
+//! (in total, not per read). rustls's blocking `StreamOwned` carries the records afterwards.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, TcpStream};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto_core::backend::Side;
+use proto_core::comm::CommError;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
+
+use super::io::timed_out;
+use crate::tls::ServerTls;
+
+/// The comm link's TLS: the server's own configurations, as an acceptor (client certificates
+/// required) and as a connector (its certificate presented as the client's).
+#[derive(Clone)]
+pub struct CommTls {
+    acceptor: Arc<rustls::ServerConfig>,
+    connector: Arc<rustls::ClientConfig>,
+}
+
+impl CommTls {
+    /// The comm link's TLS of a server with `tls`: the same certificate, key and CA.
+    pub fn new(tls: &ServerTls) -> CommTls {
+        CommTls {
+            acceptor: tls.config.clone(),
+            connector: tls.client.0.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for CommTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CommTls")
+    }
+}
+
+impl PartialEq for CommTls {
+    fn eq(&self, other: &CommTls) -> bool {
+        Arc::ptr_eq(&self.acceptor, &other.acceptor)
+            && Arc::ptr_eq(&self.connector, &other.connector)
+    }
+}
+
+impl Eq for CommTls {}
+
+/// A comm connection: the socket, or TLS over it.
+pub(crate) enum CommStream {
+    /// Without TLS: the reference's bytes.
+    Plain(TcpStream),
+    /// TLS, this end connected.
+    Client(Box<StreamOwned<ClientConnection, TcpStream>>),
+    /// TLS, this end accepted.
+    Server(Box<StreamOwned<ServerConnection, TcpStream>>),
+}
+
+impl fmt::Debug for CommStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            CommStream::Plain(_) => "plain",
+            CommStream::Client(_) => "TLS (connected)",
+            CommStream::Server(_) => "TLS (accepted)",
+        };
+        f.debug_struct("CommStream")
+            .field("kind", &kind)
+            .field("socket", self.socket())
+            .finish()
+    }
+}
+
+impl CommStream {
+    /// The socket under it (for timeouts and addresses).
+    pub(crate) fn socket(&self) -> &TcpStream {
+        match self {
+            CommStream::Plain(stream) => stream,
+            CommStream::Client(tls) => &tls.sock,
+            CommStream::Server(tls) => &tls.sock,
+        }
+    }
+}
+
+impl Read for CommStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            CommStream::Plain(stream) => stream.read(buf),
+            CommStream::Client(tls) => tls.read(buf),
+            CommStream::Server(tls) => tls.read(buf),
+        }
+    }
+}
+
+impl Write for CommStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            CommStream::Plain(stream) => stream.write(buf),
+            CommStream::Client(tls) => tls.write(buf),
+            CommStream::Server(tls) => tls.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            CommStream::Plain(stream) => stream.flush(),
+            CommStream::Client(tls) => tls.flush(),
+            CommStream::Server(tls) => tls.flush(),
+        }
+    }
+}
+
+/// Secures `stream` (this end is `side`; `peer` names the other end: the host the connecting
+/// side asked for, whose certificate must carry it), the handshake over by `deadline` and at
+/// most `timeout` from now. Without `tls` the socket as it is. Afterwards the socket's write
+/// timeout is `timeout` again (reads set their own).
+pub(crate) fn secure(
+    stream: TcpStream,
+    side: Side,
+    peer: &str,
+    tls: Option<&CommTls>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<CommStream, CommError> {
+    let Some(tls) = tls else {
+        return Ok(CommStream::Plain(stream));
+    };
+    let deadline = deadline.min(Instant::now() + timeout);
+    let secured = match side {
+        Side::Connected => {
+            let name =
+                ServerName::try_from(peer.to_owned()).map_err(|_| CommError::TlsHandshake {
+                    reason: format!("{peer:?} is not a DNS name or an IP address"),
+                })?;
+            let connection = ClientConnection::new(tls.connector.clone(), name)
+                .map_err(|error| handshake_error(&error))?;
+            let mut tls = StreamOwned::new(connection, stream);
+            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout)?;
+            CommStream::Client(Box::new(tls))
+        }
+        Side::Accepted => {
+            let connection = ServerConnection::new(tls.acceptor.clone())
+                .map_err(|error| handshake_error(&error))?;
+            let mut tls = StreamOwned::new(connection, stream);
+            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout)?;
+            CommStream::Server(Box::new(tls))
+        }
+    };
+    secured.socket().set_write_timeout(Some(timeout))?;
+    tracing::debug!(?side, peer, "comm link: TLS handshake completed");
+    Ok(secured)
+}
+
+/// [`secure`] for a backend communicator's connection to or from `peer`.
+pub(crate) fn secure_boxed(
+    stream: TcpStream,
+    side: Side,
+    peer: IpAddr,
+    tls: Option<&CommTls>,
+    timeout: Duration,
+) -> Result<proto_core::backend::SecuredStream, CommError> {
+    let deadline = Instant::now() + timeout;
+    Ok(
+        match secure(stream, side, &peer.to_string(), tls, deadline, timeout)? {
+            CommStream::Plain(stream) => Box::new(stream),
+            CommStream::Client(tls) => tls,
+            CommStream::Server(tls) => tls,
+        },
+    )
+}
+
+/// Runs the handshake to its end before `deadline`: each read and write waits at most the
+/// time left.
+fn handshake<C, S>(
+    conn: &mut C,
+    sock: &mut TcpStream,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), CommError>
+where
+    C: DerefMut + Deref<Target = ConnectionCommon<S>>,
+    S: SideData,
+{
+    while conn.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out(timeout));
+        }
+        sock.set_read_timeout(Some(left))?;
+        sock.set_write_timeout(Some(left))?;
+        match conn.complete_io(sock) {
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(error) => return Err(handshake_error(&error)),
+        }
+    }
+    // Our last flight (a client's certificate and Finished) may still be queued.
+    while conn.wants_write() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out(timeout));
+        }
+        sock.set_write_timeout(Some(left))?;
+        match conn.write_tls(sock) {
+            Ok(0) => return Err(CommError::ConnectionClosed { peer: None }),
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(error) => return Err(handshake_error(&error)),
+        }
+    }
+    Ok(())
+}
+
+fn handshake_error(error: &dyn fmt::Display) -> CommError {
+    CommError::TlsHandshake {
+        reason: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::tls::test_certs::Ca;
+
+    fn comm_tls(dir: &std::path::Path, ca: &Ca, stem: &str) -> CommTls {
+        let files = ca.leaf(dir, stem, &["localhost", "127.0.0.1"]);
+        CommTls::new(&ServerTls::load(&files).unwrap())
+    }
+
+    /// A deadline that does not bound anything here.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    /// A pair of loopback sockets: (connected, accepted).
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connected = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        (connected, accepted)
+    }
+
+    #[test]
+    fn both_ends_of_one_ca_talk_and_a_silent_peer_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("comm CA");
+        let (a, b) = (
+            comm_tls(dir.path(), &ca, "a"),
+            comm_tls(dir.path(), &ca, "b"),
+        );
+        let timeout = Duration::from_secs(5);
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            let mut stream =
+                secure(accepted, Side::Accepted, "peer", Some(&b), far(), timeout).unwrap();
+            let mut got = [0u8; 5];
+            stream.read_exact(&mut got).unwrap();
+            stream.write_all(&got).unwrap();
+            stream.flush().unwrap();
+        });
+        let mut stream = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap();
+        stream.write_all(b"hello").unwrap();
+        stream.flush().unwrap();
+        let mut echo = [0u8; 5];
+        stream.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"hello");
+        server.join().unwrap();
+
+        // A peer that connects and says nothing: the handshake ends at the timeout.
+        let short = Duration::from_millis(300);
+        for side in [Side::Accepted, Side::Connected] {
+            let (connected, accepted) = pair();
+            let (ours, _silent) = match side {
+                Side::Accepted => (accepted, connected),
+                Side::Connected => (connected, accepted),
+            };
+            let started = Instant::now();
+            let error = secure(ours, side, "127.0.0.1", Some(&a), far(), short).unwrap_err();
+            assert!(
+                matches!(error, CommError::Timeout { .. }),
+                "{side:?}: {error}"
+            );
+            assert!(
+                started.elapsed() < short * 4,
+                "{side:?}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    #[test]
+    fn a_certificate_of_another_ca_and_a_wrong_name_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = comm_tls(dir.path(), &Ca::new("our CA"), "ours");
+        let theirs = comm_tls(dir.path(), &Ca::new("their CA"), "theirs");
+        let timeout = Duration::from_secs(5);
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            secure(
+                accepted,
+                Side::Accepted,
+                "peer",
+                Some(&ours),
+                far(),
+                timeout,
+            )
+            .map(|_| ())
+        });
+        let client = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&theirs),
+            far(),
+            timeout,
+        );
+        let error = client
+            .err()
+            .unwrap_or_else(|| server.join().unwrap().unwrap_err());
+        assert!(matches!(error, CommError::TlsHandshake { .. }), "{error}");
+
+        // The certificate names 127.0.0.1 and localhost, not 10.9.8.7.
+        let ca = Ca::new("one CA");
+        let (a, b) = (
+            comm_tls(dir.path(), &ca, "a"),
+            comm_tls(dir.path(), &ca, "b"),
+        );
+        let (connected, accepted) = pair();
+        let server = std::thread::spawn(move || {
+            let _ = secure(accepted, Side::Accepted, "peer", Some(&b), far(), timeout);
+        });
+        let error = secure(
+            connected,
+            Side::Connected,
+            "10.9.8.7",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, CommError::TlsHandshake { reason } if reason.contains("not valid for name")),
+            "{error}"
+        );
+        server.join().unwrap();
+
+        // Without TLS the socket is handed back as it is.
+        let (connected, _accepted) = pair();
+        let plain = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            None,
+            far(),
+            timeout,
+        )
+        .unwrap();
+        assert!(matches!(plain, CommStream::Plain(_)));
+    }
+}
