@@ -62,15 +62,19 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    /// Has the shell secure `socket` (this end is `side`, the other at `peer`).
+    /// Has the shell secure `socket` (this end is `side`, the other at `peer`); each wait of
+    /// a handshake takes at most the comm timeout.
     fn secure(
         socket: TcpStream,
         side: Side,
         peer: std::net::IpAddr,
         bootstrap: &dyn Bootstrap,
     ) -> Result<Link> {
+        let timeout = Some(bootstrap.timeout());
+        socket.set_read_timeout(timeout).map_err(comm)?;
+        socket.set_write_timeout(timeout).map_err(comm)?;
         let raw = socket.try_clone().map_err(comm)?;
-        let stream = bootstrap.secure(socket, side, peer)?;
+        let stream = bootstrap.secure(Box::new(socket), side, peer)?;
         Ok(Link {
             stream,
             socket: raw,

@@ -2,6 +2,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
 use super::*;
+use proto_core::backend::Duplex;
 
 /// An in-memory bootstrap: ranks meet at a barrier and read each other's blocks.
 struct MemoryBootstrap {
@@ -18,7 +19,7 @@ type Sides = Arc<Mutex<Vec<(u32, Side)>>>;
 
 /// A stream whose bytes are XORed both ways: every byte of the ring must go through the
 /// stream `secure` returned, or the peer reads garbage.
-struct Scrambled(TcpStream);
+struct Scrambled(Box<dyn Duplex>);
 
 const KEY: u8 = 0x5a;
 
@@ -65,7 +66,7 @@ impl Bootstrap for MemoryBootstrap {
     }
     fn secure(
         &self,
-        stream: TcpStream,
+        stream: Box<dyn Duplex>,
         side: Side,
         peer: std::net::IpAddr,
     ) -> std::result::Result<SecuredStream, CommError> {

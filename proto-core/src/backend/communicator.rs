@@ -53,13 +53,14 @@ pub trait Bootstrap {
     fn peer_allowed(&self, ip: IpAddr) -> bool;
     /// Secures a connection the communicator opened to `peer` ([`Side::Connected`]) or accepted
     /// from it, before any byte of its own went over it: with TLS when the server runs with it
-    /// (the handshake bounded by [`Bootstrap::timeout`]; the peer's certificate verified, and
-    /// on a connected socket its name checked against `peer`), else the socket unchanged, so
-    /// the wire bytes are the plain link's. An error: the peer is not to be trusted (or the
-    /// handshake timed out); close the socket.
+    /// (the peer's certificate verified, and on a connected socket its name checked against
+    /// `peer`), else the socket unchanged, so the wire bytes are the plain link's. `socket` is
+    /// the connection as the communicator opened it, its read and write timeouts already set
+    /// to what the handshake may take; the handshake also ends by [`Bootstrap::timeout`]. An
+    /// error: the peer is not to be trusted (or the handshake timed out); close the socket.
     fn secure(
         &self,
-        stream: std::net::TcpStream,
+        socket: Box<dyn Duplex>,
         side: Side,
         peer: IpAddr,
     ) -> std::result::Result<SecuredStream, CommError>;

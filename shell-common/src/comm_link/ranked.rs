@@ -5,11 +5,11 @@
 //! socket for the pairwise all-reduce.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use proto_core::backend::{Backend, Bootstrap, Communicator, SecuredStream, Side};
+use proto_core::backend::{Backend, Bootstrap, Communicator, Duplex, SecuredStream, Side};
 use proto_core::comm::{
     negotiate, path_offer, BootstrapExchange, CommError, Handshake, LinkVariant, Path, Rank0Event,
     Rank0Setup,
@@ -256,10 +256,10 @@ impl Bootstrap for Star {
 
     fn secure(
         &self,
-        stream: TcpStream,
+        socket: Box<dyn Duplex>,
         side: Side,
         peer: IpAddr,
     ) -> Result<SecuredStream, CommError> {
-        secure_boxed(stream, side, peer, self.tls.as_ref(), self.timeout)
+        secure_boxed(socket, side, peer, self.tls.as_ref(), self.timeout)
     }
 }

@@ -16,7 +16,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto_core::backend::Side;
+use proto_core::backend::{Duplex, SecuredStream, Side};
 use proto_core::comm::CommError;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
@@ -135,6 +135,62 @@ pub(crate) fn secure(
     let Some(tls) = tls else {
         return Ok(CommStream::Plain(stream));
     };
+    // Each wait of the handshake ends by the deadline: the socket's timeouts follow it.
+    let follow_deadline = |sock: &TcpStream, left: Duration| {
+        sock.set_read_timeout(Some(left))?;
+        sock.set_write_timeout(Some(left))
+    };
+    let secured = match tls_over(stream, side, peer, tls, deadline, timeout, follow_deadline)? {
+        Tls::Client(tls) => CommStream::Client(tls),
+        Tls::Server(tls) => CommStream::Server(tls),
+    };
+    secured.socket().set_write_timeout(Some(timeout))?;
+    Ok(secured)
+}
+
+/// [`secure`] for a backend communicator's connection to or from `peer`
+/// ([`Bootstrap::secure`](proto_core::backend::Bootstrap::secure)): the communicator set the
+/// socket's timeouts, which bound each wait; the handshake ends by `timeout` from now.
+pub(crate) fn secure_boxed(
+    socket: Box<dyn Duplex>,
+    side: Side,
+    peer: IpAddr,
+    tls: Option<&CommTls>,
+    timeout: Duration,
+) -> Result<SecuredStream, CommError> {
+    let Some(tls) = tls else {
+        return Ok(socket);
+    };
+    let deadline = Instant::now() + timeout;
+    let peer = peer.to_string();
+    // The communicator's timeouts stay.
+    Ok(
+        match tls_over(socket, side, &peer, tls, deadline, timeout, |_, _| Ok(()))? {
+            Tls::Client(tls) => tls,
+            Tls::Server(tls) => tls,
+        },
+    )
+}
+
+/// TLS over some byte stream, by which end this server is.
+enum Tls<S: Read + Write> {
+    /// This end connected.
+    Client(Box<StreamOwned<ClientConnection, S>>),
+    /// This end accepted.
+    Server(Box<StreamOwned<ServerConnection, S>>),
+}
+
+/// Runs the handshake over `stream` (see [`secure`]); `limit_waits(stream, left)` is called
+/// before each step with the time left to the deadline.
+fn tls_over<S: Read + Write>(
+    stream: S,
+    side: Side,
+    peer: &str,
+    tls: &CommTls,
+    deadline: Instant,
+    timeout: Duration,
+    limit_waits: impl Fn(&S, Duration) -> io::Result<()>,
+) -> Result<Tls<S>, CommError> {
     let deadline = deadline.min(Instant::now() + timeout);
     let secured = match side {
         Side::Connected => {
@@ -145,88 +201,64 @@ pub(crate) fn secure(
             let connection = ClientConnection::new(tls.connector.clone(), name)
                 .map_err(|error| handshake_error(&error))?;
             let mut tls = StreamOwned::new(connection, stream);
-            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout)?;
-            CommStream::Client(Box::new(tls))
+            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout, limit_waits)?;
+            Tls::Client(Box::new(tls))
         }
         Side::Accepted => {
             let connection = ServerConnection::new(tls.acceptor.clone())
                 .map_err(|error| handshake_error(&error))?;
             let mut tls = StreamOwned::new(connection, stream);
-            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout)?;
-            CommStream::Server(Box::new(tls))
+            handshake(&mut tls.conn, &mut tls.sock, deadline, timeout, limit_waits)?;
+            Tls::Server(Box::new(tls))
         }
     };
-    secured.socket().set_write_timeout(Some(timeout))?;
     tracing::debug!(?side, peer, "comm link: TLS handshake completed");
     Ok(secured)
 }
 
-/// [`secure`] for a backend communicator's connection to or from `peer`.
-pub(crate) fn secure_boxed(
-    stream: TcpStream,
-    side: Side,
-    peer: IpAddr,
-    tls: Option<&CommTls>,
-    timeout: Duration,
-) -> Result<proto_core::backend::SecuredStream, CommError> {
-    let deadline = Instant::now() + timeout;
-    Ok(
-        match secure(stream, side, &peer.to_string(), tls, deadline, timeout)? {
-            CommStream::Plain(stream) => Box::new(stream),
-            CommStream::Client(tls) => tls,
-            CommStream::Server(tls) => tls,
-        },
-    )
-}
-
-/// Runs the handshake to its end before `deadline`: each read and write waits at most the
-/// time left.
-fn handshake<C, S>(
+/// Runs the handshake to its end before `deadline`: before each step `limit_waits` is told
+/// the time left.
+fn handshake<C, D, S>(
     conn: &mut C,
-    sock: &mut TcpStream,
+    sock: &mut S,
     deadline: Instant,
     timeout: Duration,
+    limit_waits: impl Fn(&S, Duration) -> io::Result<()>,
 ) -> Result<(), CommError>
 where
-    C: DerefMut + Deref<Target = ConnectionCommon<S>>,
-    S: SideData,
+    C: DerefMut + Deref<Target = ConnectionCommon<D>>,
+    D: SideData,
+    S: Read + Write,
 {
-    while conn.is_handshaking() {
+    let transient = |error: &io::Error| {
+        matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+        )
+    };
+    let time_left = || {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(timed_out(timeout));
+            Err(timed_out(timeout))
+        } else {
+            Ok(left)
         }
-        sock.set_read_timeout(Some(left))?;
-        sock.set_write_timeout(Some(left))?;
+    };
+    while conn.is_handshaking() {
+        limit_waits(sock, time_left()?)?;
         match conn.complete_io(sock) {
             Ok(_) => {}
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(error) if transient(&error) => {}
             Err(error) => return Err(handshake_error(&error)),
         }
     }
     // Our last flight (a client's certificate and Finished) may still be queued.
     while conn.wants_write() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(timed_out(timeout));
-        }
-        sock.set_write_timeout(Some(left))?;
+        limit_waits(sock, time_left()?)?;
         match conn.write_tls(sock) {
             Ok(0) => return Err(CommError::ConnectionClosed { peer: None }),
             Ok(_) => {}
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(error) if transient(&error) => {}
             Err(error) => return Err(handshake_error(&error)),
         }
     }
