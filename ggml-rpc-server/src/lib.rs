@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.transport.parse().map_err(anyhow::Error::msg)?;
     let switches = shells::switches_transport(shell.name());
     if transport == shell_common::TransportMode::Rdma && !switches {
-        anyhow::bail!("--transport rdma needs --shell tokio or smol");
+        anyhow::bail!("--transport rdma needs --shell tokio, uring or smol");
     }
     config.transport = if switches {
         transport

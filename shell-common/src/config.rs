@@ -86,7 +86,7 @@ pub struct ServerConfig {
     /// Where REMOTE_COPY_TENSOR may push to (`--peer HOST:PORT`; default none: refused).
     pub peers: PeerAllowList,
     /// `--transport` (default TCP only: all-zero caps, as before the RDMA transport). Shells
-    /// that can switch (tokio, smol) answer HELLO's caps with `shell-rdma`.
+    /// that can switch (tokio, uring, smol) answer HELLO's caps with `shell-rdma`.
     pub transport: TransportMode,
     /// TLS 1.3 with client certificates (`--tls-*`; default none: plain TCP). A shell that
     /// cannot do TLS refuses to start with it set.
