@@ -111,7 +111,7 @@ bash scripts/conformance/admission-e2e.sh
 # never skips, without them): b12032+1's llama-completion through our server over RDMA in every
 # shell (tokio, uring, smol) with text identical to TCP, our client against b12032+1's server
 # (256 MiB byte-exact) and against our own in every shell, hostile peers in every shell (caps
-# naming no QP, a client killed mid SET_TENSOR). ~2.5 min.
+# naming no QP, a client killed mid SET_TENSOR, a SEND overrunning a receive slot). ~2.5 min.
 bash scripts/conformance/rdma_ours.sh
 # RDMA throughput smoke (scripts/bench-rdma.sh; the full run, 5 rounds of 256 MiB, is by hand and
 # its table is in README.md, "RDMA"): one round of 16 MiB against our server and b12032+1's,

@@ -8,12 +8,13 @@
 #      byte-exact, an ADD graph computed and checked);
 #   3. our client against our server over RDMA in every shell (64 MiB);
 #   4. hostile peers against our server, in every shell: caps naming a queue pair that does not
-#      exist, and a client killed in the middle of a 256 MiB SET_TENSOR: each closes that
-#      connection with a logged reason, the server's descriptor count returns to its baseline,
-#      and it serves the next client over RDMA.
+#      exist, a client killed in the middle of a 256 MiB SET_TENSOR, and a client whose SEND
+#      overruns a receive slot (shell-rdma's examples/rdma_overrun: 256 KiB + 1 byte after
+#      HELLO): each closes that connection with a logged reason, the server's descriptor count
+#      and memory return to their baseline, and it serves the next client over RDMA.
 # usage: scripts/conformance/rdma_ours.sh [--bin-dir DIR] [--logdir DIR] [--shells LIST]
-#   --bin-dir: where our ggml-rpc-server, ggml-rpc and examples/rdma_check are (default: built
-#   with --release).
+#   --bin-dir: where our ggml-rpc-server, ggml-rpc, examples/rdma_check and examples/rdma_overrun
+#   are (default: built with --release).
 #   --shells: the shells to run (default "tokio uring smol", space or comma separated).
 # Exit status: 0 all pass, 1 a check failed, 2 harness error.
 set -euo pipefail
@@ -33,12 +34,15 @@ done
 
 if [ -z "$bindir" ]; then
     (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server -p ggml-rpc-cli \
-        && cargo build --release -p ggml-rpc-client --example rdma_check) || conf_die "cargo build failed"
+        && cargo build --release -p ggml-rpc-client --example rdma_check \
+        && cargo build --release -p shell-rdma --features hostile-peer --example rdma_overrun) \
+        || conf_die "cargo build failed"
     bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
 fi
 server="$bindir/ggml-rpc-server" cli="$bindir/ggml-rpc" check="$bindir/examples/rdma_check"
-[ -x "$server" ] && [ -x "$cli" ] && [ -x "$check" ] \
-    || conf_die "no ggml-rpc-server / ggml-rpc / examples/rdma_check in $bindir"
+overrun="$bindir/examples/rdma_overrun"
+[ -x "$server" ] && [ -x "$cli" ] && [ -x "$check" ] && [ -x "$overrun" ] \
+    || conf_die "no ggml-rpc-server / ggml-rpc / examples/rdma_check / examples/rdma_overrun in $bindir"
 
 [ -x "$REPO_ROOT/scripts/fabric/build.sh" ] \
     || conf_die "scripts/fabric/build.sh missing: this test needs the verbs fabric (verbs-fabric/, branch h-fabric) merged"
@@ -183,11 +187,16 @@ EOF
     done
     kill -9 "$bpid" 2>/dev/null || true
     wait "$bpid" 2>/dev/null || true
+    # A SEND longer than a receive slot: the server closes that connection (the client checks).
+    "${fab_env[@]}" timeout 60 "$overrun" "127.0.0.1:$port" >"$logdir/hostile.$shell.overrun.log" 2>&1 \
+        || bad "$shell hostile peers: the slot overrun did not close its connection, see $logdir/hostile.$shell.overrun.log"
     sleep 1
     ups=$(grep -c 'RDMA activated' "$log" || true)
-    [ "$ups" -ge 2 ] || bad "$shell hostile peers: expected both connections activated, see $log"
+    [ "$ups" -ge 3 ] || bad "$shell hostile peers: expected three connections activated, see $log"
     grep -qE 'WARN.*Client connection closed.*(middle|mid|frame|closed)' "$log" \
         || bad "$shell hostile peers: the client killed mid-transfer did not end its connection with an error, see $log"
+    grep -qE 'WARN.*Client connection closed.*(local length error|RDMA recv overrun)' "$log" \
+        || bad "$shell hostile peers: the slot overrun was not logged as the reason, see $log"
     closes=$(grep -cE 'Client connection closed' "$log" || true)
     now_fds=$(fds "$spid")
     [ "$now_fds" -le "$base_fds" ] || bad "$shell hostile peers: descriptors $base_fds -> $now_fds (leak)"
