@@ -144,6 +144,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         shell_common::TransportMode::Tcp
     };
+    // The comm link offers RDMA caps as the reference's does, whatever the shell.
+    config.comm_transport = shell_rdma::comm::transport(transport);
     let transport_line = banner::transport_line(
         transport,
         switches,

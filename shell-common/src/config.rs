@@ -16,7 +16,7 @@ use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
 use crate::admission::{ClientSlots, Limits};
-use crate::comm_link::{CommLinks, CommPeers, CommSettings};
+use crate::comm_link::{CommLinks, CommPeers, CommSettings, CommTransport};
 use crate::remote_copy::PeerAllowList;
 use crate::tls::ServerTls;
 
@@ -91,6 +91,9 @@ pub struct ServerConfig {
     /// TLS 1.3 with client certificates (`--tls-*`; default none: plain TCP). A shell that
     /// cannot do TLS refuses to start with it set.
     pub tls: Option<ServerTls>,
+    /// Whether comm links offer RDMA caps (default: all-zero caps, TCP;
+    /// `shell_rdma::comm::transport` for `--transport auto|rdma`).
+    pub comm_transport: CommTransport,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -115,6 +118,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("peers", &self.peers)
             .field("transport", &self.transport)
             .field("tls", &self.tls)
+            .field("comm_transport", &self.comm_transport)
             .finish()
     }
 }
@@ -145,6 +149,7 @@ impl ServerConfig {
             peers: PeerAllowList::none(),
             transport: TransportMode::Tcp,
             tls: None,
+            comm_transport: CommTransport::tcp(),
         }
     }
 
@@ -178,6 +183,7 @@ impl ServerConfig {
                 peers: self.comm_peers.clone(),
                 copy_peers: Arc::new(self.peers.clone()),
                 copy_tls: self.tls.as_ref().map(|tls| tls.client.clone()),
+                transport: self.comm_transport.clone(),
             },
         })
     }

@@ -105,6 +105,15 @@ impl Rank0Setup {
         usize::try_from(self.world.saturating_sub(1)).unwrap_or(usize::MAX)
     }
 
+    /// [`handle_accepted`](Self::handle_accepted) announcing `local_caps` on this connection
+    /// (each RDMA queue pair has caps of its own), and on later ones unless changed again.
+    pub fn handle_accepted_with(&mut self, local_caps: ConnCaps) -> Result<(), CommError> {
+        if matches!(self.state, State::AwaitingAccept) {
+            self.local_caps = local_caps;
+        }
+        self.handle_accepted()
+    }
+
     /// The driver accepted the next connection; it becomes the current connection.
     pub fn handle_accepted(&mut self) -> Result<(), CommError> {
         if let Some(e) = self.failed() {

@@ -14,6 +14,7 @@ mod io;
 pub mod pairwise;
 pub mod peers;
 mod ranked;
+pub mod transport;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use proto_core::wire::CommInitRequest;
 
 pub use pairwise::CommLink;
 pub use peers::CommPeers;
+pub use transport::{CommTransport, LinkTransport, LinkUpgrade, PendingLink};
 
 use crate::remote_copy::{self, PeerAllowList};
 use crate::tls::ClientTls;
@@ -48,6 +50,9 @@ pub struct CommSettings {
     /// TLS for those pushes when this server runs with TLS (its own certificate as the
     /// client's; the peer's verified against its `--tls-client-ca`).
     pub copy_tls: Option<ClientTls>,
+    /// Whether comm sockets offer RDMA caps (`--transport auto|rdma`) and switch when the
+    /// peer offers them too, as the reference's comm link does.
+    pub transport: CommTransport,
 }
 
 /// One device's comm state.
@@ -176,6 +181,7 @@ impl CommLinks {
                 request,
                 timeout,
                 &self.settings.peers,
+                &self.settings.transport,
             )?)),
             LinkVariant::Ranked => {
                 let backend = &**conn.backend();

@@ -5,7 +5,7 @@
 //! socket for the pairwise all-reduce.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,6 +17,7 @@ use proto_core::comm::{
 use proto_core::wire::CommInitRequest;
 
 use super::pairwise::{drive_handshake, host_of, port_of, CommLink};
+use super::transport::{CommTransport, LinkStream};
 use super::{io, CommPeers, CommSettings};
 
 /// Largest bootstrap exchange (all ranks' blocks together) a rank takes part in.
@@ -41,13 +42,17 @@ pub(super) fn establish(
     let (timeout, peers) = (settings.timeout, &settings.peers);
     let port = port_of(request)?;
     let deadline = Instant::now() + timeout;
+    let transport = &settings.transport;
     let mut star = if request.rank == 0 {
-        Star::accept(port, request.world, deadline, timeout, peers)?
+        Star::accept(port, request.world, deadline, timeout, peers, transport)?
     } else {
-        let handshake =
-            Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
+        // Checks the rank and world before anything is opened.
+        Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
         let host = host_of(request)?;
-        let mut stream = io::connect(&host, port, deadline, timeout, peers)?;
+        let tcp = io::connect(&host, port, deadline, timeout, peers)?;
+        let (caps, mut stream) = transport.offer(tcp);
+        let handshake =
+            Handshake::connector(LinkVariant::Ranked, request.rank, request.world, caps)?;
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
         Star::leaf(stream, request.rank, request.world, timeout, peers)?
     };
@@ -75,7 +80,7 @@ pub(super) fn establish(
 struct Star {
     rank: u32,
     world: u32,
-    streams: Vec<TcpStream>,
+    streams: Vec<LinkStream>,
     local_ip: Ipv4Addr,
     timeout: Duration,
     peers: CommPeers,
@@ -89,10 +94,11 @@ impl Star {
         deadline: Instant,
         timeout: Duration,
         peers: &CommPeers,
+        transport: &CommTransport,
     ) -> Result<Star, CommError> {
         let mut setup = Rank0Setup::new(LinkVariant::Ranked, world, [0; 24])?;
         let listener = io::listen(port)?;
-        let mut current: Option<TcpStream> = None;
+        let mut current: Option<LinkStream> = None;
         let mut joined = BTreeMap::new();
         loop {
             let mut progressed = false;
@@ -106,10 +112,16 @@ impl Star {
                 progressed = true;
                 match event {
                     Rank0Event::Accept => {
-                        current = Some(io::accept(&listener, deadline, timeout, peers)?);
-                        setup.handle_accepted()?;
+                        let tcp = io::accept(&listener, deadline, timeout, peers)?;
+                        let (caps, stream) = transport.offer(tcp);
+                        current = Some(stream);
+                        setup.handle_accepted_with(caps)?;
                     }
-                    Rank0Event::CapsExchanged { .. } => {}
+                    Rank0Event::CapsExchanged { peer_caps } => {
+                        if let Some(stream) = current.as_mut() {
+                            stream.apply(&peer_caps, timeout);
+                        }
+                    }
                     Rank0Event::PeerJoined { rank, .. } => {
                         let stream = current.take().ok_or(CommError::NotDone)?;
                         tracing::info!(rank, "comm link: rank joined");
@@ -139,8 +151,8 @@ impl Star {
             }
             io::offer(&data, |piece| setup.handle_input(piece))?;
         }
-        let streams: Vec<TcpStream> = joined.into_values().collect();
-        let local_ip = match streams.first().map(TcpStream::local_addr).transpose()? {
+        let streams: Vec<LinkStream> = joined.into_values().collect();
+        let local_ip = match streams.first().map(|s| s.tcp.local_addr()).transpose()? {
             Some(SocketAddr::V4(addr)) => *addr.ip(),
             _ => Ipv4Addr::LOCALHOST,
         };
@@ -156,13 +168,13 @@ impl Star {
 
     /// A rank above 0 with its socket to rank 0.
     fn leaf(
-        stream: TcpStream,
+        stream: LinkStream,
         rank: u32,
         world: u32,
         timeout: Duration,
         peers: &CommPeers,
     ) -> Result<Star, CommError> {
-        let local_ip = match stream.local_addr()? {
+        let local_ip = match stream.tcp.local_addr()? {
             SocketAddr::V4(addr) => *addr.ip(),
             SocketAddr::V6(_) => Ipv4Addr::LOCALHOST,
         };
@@ -177,7 +189,7 @@ impl Star {
     }
 
     /// The socket to `peer`.
-    fn stream(&mut self, peer: u32) -> Result<&mut TcpStream, CommError> {
+    fn stream(&mut self, peer: u32) -> Result<&mut LinkStream, CommError> {
         let index = if self.rank == 0 {
             peer.checked_sub(1)
         } else {
