@@ -15,6 +15,8 @@ pub mod pairwise;
 pub mod peers;
 mod ranked;
 pub mod transport;
+#[cfg(test)]
+mod transport_tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
