@@ -19,6 +19,10 @@
 //! ring's mailbox (an eventfd the ring always has a read posted on). Freeing a client that held
 //! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) is heavy too (unmapping a GiB takes
 //! about 100 ms); `join` waits for those frees.
+//!
+//! A connection that switches to RDMA after HELLO ([`Stop::Switch`]) goes to a blocking thread
+//! for good: `shell_rdma::serve` runs it to its end, and the core comes back only to be closed
+//! (or, when activation failed with `--transport auto`, to go on over TCP).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
