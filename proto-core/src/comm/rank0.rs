@@ -288,6 +288,29 @@ mod tests {
         c
     }
 
+    #[test]
+    fn each_connection_announces_the_caps_it_was_accepted_with() {
+        // One RDMA queue pair per comm socket: rank 0's caps differ per connection.
+        let mut setup = Rank0Setup::new(LinkVariant::Ranked, 3, caps(0)).unwrap();
+        for (peer, own) in [(1u32, 7u32), (2, 9)] {
+            assert!(matches!(setup.poll_event(), Some(Rank0Event::Accept)));
+            setup.handle_accepted_with(caps(own)).unwrap();
+            assert_eq!(setup.handle_input(&caps(peer)).unwrap(), CAPS_SIZE);
+            let sent = setup.poll_transmit().unwrap();
+            assert_eq!(&sent.data[..], &caps(own)[..]);
+            assert!(matches!(
+                setup.poll_event(),
+                Some(Rank0Event::CapsExchanged { peer_caps }) if peer_caps == caps(peer)
+            ));
+            assert_eq!(setup.handle_input(&peer.to_le_bytes()).unwrap(), 4);
+            assert!(matches!(
+                setup.poll_event(),
+                Some(Rank0Event::PeerJoined { rank, .. }) if rank == peer
+            ));
+        }
+        assert!(setup.is_done());
+    }
+
     /// Bytes a peer sends right after its handshake (its first bootstrap block, say), so that
     /// they can coalesce with the rank message at rank 0.
     fn surplus(rank: u32) -> Vec<u8> {
