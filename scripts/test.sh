@@ -108,10 +108,15 @@ bash scripts/conformance/e2e.sh --strict
 # 50 s.
 bash scripts/conformance/admission-e2e.sh
 # Our RDMA transport on the verbs fabric (needs verbs-fabric/ and scripts/fabric/build.sh; fails,
-# never skips, without them): b12032+1's llama-completion through our tokio and smol servers over
-# RDMA with text identical to TCP, our client against b12032+1's server (256 MiB byte-exact) and
-# against our own, hostile peers (caps naming no QP, a client killed mid SET_TENSOR). ~1.5 min.
+# never skips, without them): b12032+1's llama-completion through our server over RDMA in every
+# shell (tokio, uring, smol) with text identical to TCP, our client against b12032+1's server
+# (256 MiB byte-exact) and against our own in every shell, hostile peers in every shell (caps
+# naming no QP, a client killed mid SET_TENSOR, a SEND overrunning a receive slot). ~2.5 min.
 bash scripts/conformance/rdma_ours.sh
+# The comm link over RDMA on the verbs fabric: groups of our servers (ranked link at world 2 on
+# the pairwise path and at world 3 with the CPU ring, the plain 8.0.1 pairwise link) whose comm
+# sockets switch to RDMA after the caps exchange; all-reduce results identical to TCP. ~20 s.
+bash scripts/conformance/rdma_comm.sh
 # RDMA throughput smoke (scripts/bench-rdma.sh; the full run, 5 rounds of 256 MiB, is by hand and
 # its table is in README.md, "RDMA"): one round of 16 MiB against our server and b12032+1's,
 # each over TCP and over RDMA on the verbs fabric; fails unless every RDMA run used RDMA.

@@ -139,7 +139,7 @@ pub struct Args {
     /// Transport: `auto` (the reference's behaviour: switch a connection to RDMA when the
     /// client offers it and a device holds the connection's local address), `tcp` (never),
     /// `rdma` (only RDMA: a client that does not offer it, or a connection without a device,
-    /// is closed with a logged reason). RDMA needs `--shell tokio` or `smol`.
+    /// is closed with a logged reason). Every shell switches.
     #[arg(long, default_value = "auto", value_parser = ["tcp", "rdma", "auto"])]
     pub transport: String,
 

@@ -137,13 +137,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.transport.parse().map_err(anyhow::Error::msg)?;
     let switches = shells::switches_transport(shell.name());
     if transport == shell_common::TransportMode::Rdma && !switches {
-        anyhow::bail!("--transport rdma needs --shell tokio or smol");
+        anyhow::bail!("--transport rdma needs --shell tokio, uring or smol");
     }
     config.transport = if switches {
         transport
     } else {
         shell_common::TransportMode::Tcp
     };
+    // The comm link offers RDMA caps as the reference's does, whatever the shell.
+    config.comm_transport = shell_rdma::comm::transport(transport);
     let transport_line = banner::transport_line(
         transport,
         switches,

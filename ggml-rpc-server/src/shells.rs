@@ -57,9 +57,9 @@ pub const DEFAULT_SHELL: &str = if cfg!(feature = "tokio") {
 };
 
 /// Whether a shell answers HELLO's transport caps and moves connections to RDMA
-/// (`shell_rdma::serve`); the io_uring shell stays on TCP.
+/// (`shell_rdma::serve`): every shell of this build does.
 pub fn switches_transport(name: &str) -> bool {
-    matches!(name, "tokio" | "smol")
+    matches!(name, "tokio" | "uring" | "smol")
 }
 
 /// The names of [`SHELLS`].

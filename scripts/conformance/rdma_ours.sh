@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
 # Our RDMA transport (shell-rdma) against the real llama.cpp on the verbs fabric (verbs-fabric/,
 # a userspace libibverbs.so.1 loaded with LD_LIBRARY_PATH; scripts/fabric/build.sh). Checks:
-#   1. b12032+1's llama-completion through our server (tokio and smol shells, --transport rdma):
+#   1. b12032+1's llama-completion through our server (every shell, --transport rdma):
 #      every connection upgraded ("RDMA activated"), greedy text identical to the TCP run;
 #   2. our client against b12032+1's ggml-rpc-server: ggml-rpc bench --transport rdma (256 MiB
 #      SET_TENSOR / GET_TENSOR, compared) and examples/rdma_check (memory commands, 256 MiB
 #      byte-exact, an ADD graph computed and checked);
-#   3. our client against our server over RDMA in the tokio and smol shells (64 MiB);
-#   4. hostile peers against our server: caps naming a queue pair that does not exist, and a
-#      client killed in the middle of a 256 MiB SET_TENSOR: each closes that connection with a
-#      logged reason, the server's descriptor count returns to its baseline, and it serves the
-#      next client over RDMA.
-# usage: scripts/conformance/rdma_ours.sh [--bin-dir DIR] [--logdir DIR]
-#   --bin-dir: where our ggml-rpc-server, ggml-rpc and examples/rdma_check are (default: built
-#   with --release).
+#   3. our client against our server over RDMA in every shell (64 MiB);
+#   4. hostile peers against our server, in every shell: caps naming a queue pair that does not
+#      exist, a client killed in the middle of a 256 MiB SET_TENSOR, and a client whose SEND
+#      overruns a receive slot (shell-rdma's examples/rdma_overrun: 256 KiB + 1 byte after
+#      HELLO): each closes that connection with a logged reason, the server's descriptor count
+#      and memory return to their baseline, and it serves the next client over RDMA.
+# usage: scripts/conformance/rdma_ours.sh [--bin-dir DIR] [--logdir DIR] [--shells LIST]
+#   --bin-dir: where our ggml-rpc-server, ggml-rpc, examples/rdma_check and examples/rdma_overrun
+#   are (default: built with --release).
+#   --shells: the shells to run (default "tokio uring smol", space or comma separated).
 # Exit status: 0 all pass, 1 a check failed, 2 harness error.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-bindir="" logdir="$CONF_OUT/rdma-ours"
+bindir="" logdir="$CONF_OUT/rdma-ours" shells="tokio uring smol"
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) bindir=$2; shift 2 ;;
+        --shells) shells=${2//,/ }; shift 2 ;;
         --logdir) logdir=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
@@ -31,12 +34,15 @@ done
 
 if [ -z "$bindir" ]; then
     (cd "$REPO_ROOT" && cargo build --release -p ggml-rpc-server -p ggml-rpc-cli \
-        && cargo build --release -p ggml-rpc-client --example rdma_check) || conf_die "cargo build failed"
+        && cargo build --release -p ggml-rpc-client --example rdma_check \
+        && cargo build --release -p shell-rdma --features hostile-peer --example rdma_overrun) \
+        || conf_die "cargo build failed"
     bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
 fi
 server="$bindir/ggml-rpc-server" cli="$bindir/ggml-rpc" check="$bindir/examples/rdma_check"
-[ -x "$server" ] && [ -x "$cli" ] && [ -x "$check" ] \
-    || conf_die "no ggml-rpc-server / ggml-rpc / examples/rdma_check in $bindir"
+overrun="$bindir/examples/rdma_overrun"
+[ -x "$server" ] && [ -x "$cli" ] && [ -x "$check" ] && [ -x "$overrun" ] \
+    || conf_die "no ggml-rpc-server / ggml-rpc / examples/rdma_check / examples/rdma_overrun in $bindir"
 
 [ -x "$REPO_ROOT/scripts/fabric/build.sh" ] \
     || conf_die "scripts/fabric/build.sh missing: this test needs the verbs fabric (verbs-fabric/, branch h-fabric) merged"
@@ -74,7 +80,7 @@ fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 # 1. llama-completion through our server.
-for shell in tokio smol; do
+for shell in $shells; do
     for t in f32 q8_0; do
         base="$logdir/completion.$shell.$t"
         rm -f "$base".*
@@ -135,7 +141,7 @@ grep -q 'RDMA activated' "$logdir/ref.server.log" || bad "b12032+1's server neve
 stop_server
 
 # 3. our client against our server.
-for shell in tokio smol; do
+for shell in $shells; do
     start_ours "$shell" rdma "$logdir/ours.$shell.server.log"
     if "${fab_env[@]}" timeout 300 "$cli" bench "127.0.0.1:$port" --transport rdma --size 64MiB --iterations 1 \
         --small-rounds 200 --no-progress >"$logdir/ours.$shell.bench.log" 2>&1; then
@@ -151,12 +157,14 @@ for shell in tokio smol; do
     stop_server
 done
 
-# 4. hostile peers against our server (tokio).
-log="$logdir/hostile.server.log"
-start_ours tokio rdma "$log"
-base_fds=$(fds "$spid")
-# Caps naming a queue pair nobody created, on the fabric's loopback GID; then the client leaves.
-python3 - "$port" <<'EOF' || bad "hostile HELLO client failed"
+# 4. hostile peers against our server, in every shell.
+hostile() {
+    local shell=$1 log base_fds bpid base_rss ups closes now_fds now_rss
+    log="$logdir/hostile.$shell.server.log"
+    start_ours "$shell" rdma "$log"
+    base_fds=$(fds "$spid")
+    # Caps naming a queue pair nobody created, on the fabric's loopback GID; then the client leaves.
+    python3 - "$port" <<'EOF' || bad "$shell hostile HELLO client failed"
 import socket, struct, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 qpn = 0xABCDE
@@ -166,34 +174,43 @@ head = s.recv(8)
 time.sleep(1.0)
 s.close()
 EOF
-# A client killed in the middle of a 256 MiB SET_TENSOR.
-"${fab_env[@]}" "$cli" bench "127.0.0.1:$port" --transport rdma --size 256MiB --iterations 1 --no-progress \
-    >"$logdir/hostile.bench.log" 2>&1 &
-bpid=$!
-# Killed once the server's memory shows the tensor arriving (RSS 64 MiB above its baseline).
-base_rss=$(rss "$spid")
-for _ in $(seq 1 1200); do
-    [ "$(rss "$spid")" -gt $((base_rss + 65536)) ] && break
-    kill -0 "$bpid" 2>/dev/null || break
-    sleep 0.05
+    # A client killed in the middle of a 256 MiB SET_TENSOR.
+    "${fab_env[@]}" "$cli" bench "127.0.0.1:$port" --transport rdma --size 256MiB --iterations 1 --no-progress \
+        >"$logdir/hostile.$shell.bench.log" 2>&1 &
+    bpid=$!
+    # Killed once the server's memory shows the tensor arriving (RSS 64 MiB above its baseline).
+    base_rss=$(rss "$spid")
+    for _ in $(seq 1 1200); do
+        [ "$(rss "$spid")" -gt $((base_rss + 65536)) ] && break
+        kill -0 "$bpid" 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -9 "$bpid" 2>/dev/null || true
+    wait "$bpid" 2>/dev/null || true
+    # A SEND longer than a receive slot: the server closes that connection (the client checks).
+    "${fab_env[@]}" timeout 60 "$overrun" "127.0.0.1:$port" >"$logdir/hostile.$shell.overrun.log" 2>&1 \
+        || bad "$shell hostile peers: the slot overrun did not close its connection, see $logdir/hostile.$shell.overrun.log"
+    sleep 1
+    ups=$(grep -c 'RDMA activated' "$log" || true)
+    [ "$ups" -ge 3 ] || bad "$shell hostile peers: expected three connections activated, see $log"
+    grep -qE 'WARN.*Client connection closed.*(middle|mid|frame|closed)' "$log" \
+        || bad "$shell hostile peers: the client killed mid-transfer did not end its connection with an error, see $log"
+    grep -qE 'WARN.*Client connection closed.*(local length error|RDMA recv overrun)' "$log" \
+        || bad "$shell hostile peers: the slot overrun was not logged as the reason, see $log"
+    closes=$(grep -cE 'Client connection closed' "$log" || true)
+    now_fds=$(fds "$spid")
+    [ "$now_fds" -le "$base_fds" ] || bad "$shell hostile peers: descriptors $base_fds -> $now_fds (leak)"
+    now_rss=$(rss "$spid")
+    [ "$now_rss" -lt $((base_rss + 65536)) ] || bad "$shell hostile peers: RSS $base_rss -> $now_rss KiB (the tensor was not freed)"
+    if "${fab_env[@]}" timeout 120 "$cli" bench "127.0.0.1:$port" --transport rdma --size 16MiB --iterations 1 \
+        --small-rounds 10 --no-progress >"$logdir/hostile.$shell.after.log" 2>&1; then
+        conf_log "ok $shell hostile peers: $closes connections closed with a reason, descriptors $base_fds -> $now_fds, RSS $base_rss -> $now_rss KiB, next client served"
+    else
+        bad "$shell: the server did not serve a client after the hostile ones (see $logdir/hostile.$shell.after.log)"
+    fi
+    stop_server
+}
+for shell in $shells; do
+    hostile "$shell"
 done
-kill -9 "$bpid" 2>/dev/null || true
-wait "$bpid" 2>/dev/null || true
-sleep 1
-ups=$(grep -c 'RDMA activated' "$log" || true)
-[ "$ups" -ge 2 ] || bad "hostile peers: expected both connections activated, see $log"
-grep -qE 'WARN.*Client connection closed.*(middle|mid|frame|closed)' "$log" \
-    || bad "hostile peers: the client killed mid-transfer did not end its connection with an error, see $log"
-closes=$(grep -cE 'Client connection closed' "$log" || true)
-now_fds=$(fds "$spid")
-[ "$now_fds" -le "$base_fds" ] || bad "hostile peers: descriptors $base_fds -> $now_fds (leak)"
-now_rss=$(rss "$spid")
-[ "$now_rss" -lt $((base_rss + 65536)) ] || bad "hostile peers: RSS $base_rss -> $now_rss KiB (the tensor was not freed)"
-if "${fab_env[@]}" timeout 120 "$cli" bench "127.0.0.1:$port" --transport rdma --size 16MiB --iterations 1 \
-    --small-rounds 10 --no-progress >"$logdir/hostile.after.log" 2>&1; then
-    conf_log "ok hostile peers: $closes connections closed with a reason, descriptors $base_fds -> $now_fds, RSS $base_rss -> $now_rss KiB, next client served"
-else
-    bad "the server did not serve a client after the hostile ones (see $logdir/hostile.after.log)"
-fi
-stop_server
 exit "$fail"

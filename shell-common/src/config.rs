@@ -16,7 +16,7 @@ use proto_core::tensor_cache::TensorCache;
 use proto_core::wire::ProtocolVersion;
 
 use crate::admission::{ClientSlots, Limits};
-use crate::comm_link::{CommLinks, CommPeers, CommSettings};
+use crate::comm_link::{CommLinks, CommPeers, CommSettings, CommTransport};
 use crate::remote_copy::PeerAllowList;
 use crate::tls::ServerTls;
 
@@ -86,11 +86,14 @@ pub struct ServerConfig {
     /// Where REMOTE_COPY_TENSOR may push to (`--peer HOST:PORT`; default none: refused).
     pub peers: PeerAllowList,
     /// `--transport` (default TCP only: all-zero caps, as before the RDMA transport). Shells
-    /// that can switch (tokio, smol) answer HELLO's caps with `shell-rdma`.
+    /// that can switch (tokio, uring, smol) answer HELLO's caps with `shell-rdma`.
     pub transport: TransportMode,
     /// TLS 1.3 with client certificates (`--tls-*`; default none: plain TCP). A shell that
     /// cannot do TLS refuses to start with it set.
     pub tls: Option<ServerTls>,
+    /// Whether comm links offer RDMA caps (default: all-zero caps, TCP;
+    /// `shell_rdma::comm::transport` for `--transport auto|rdma`).
+    pub comm_transport: CommTransport,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -115,6 +118,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("peers", &self.peers)
             .field("transport", &self.transport)
             .field("tls", &self.tls)
+            .field("comm_transport", &self.comm_transport)
             .finish()
     }
 }
@@ -145,6 +149,7 @@ impl ServerConfig {
             peers: PeerAllowList::none(),
             transport: TransportMode::Tcp,
             tls: None,
+            comm_transport: CommTransport::tcp(),
         }
     }
 
@@ -179,6 +184,7 @@ impl ServerConfig {
                 copy_peers: Arc::new(self.peers.clone()),
                 copy_tls: self.tls.as_ref().map(|tls| tls.client.clone()),
                 tls: self.tls.as_ref().map(crate::comm_link::CommTls::new),
+                transport: self.comm_transport.clone(),
             },
         })
     }

@@ -8,12 +8,14 @@
 //!   24-slot receive ring consumed partially as in the newest upstream, spin-then-sleep waits,
 //!   every wait a peer controls bounded);
 //! * [`framing`]: the segmentation every reference version accepts;
+//! * [`comm`]: the comm link (server to server) over RDMA after its caps exchange;
 //! * [`client`]: the client side (`ggml-rpc-client`): caps to offer, the switch;
 //! * [`serve`]: the server side every shell hands a connection to: HELLO's caps, then one
 //!   blocking loop over the RDMA stream.
 
 pub mod caps;
 pub mod client;
+pub mod comm;
 pub mod framing;
 #[cfg(any(test, feature = "mock"))]
 pub mod mock;

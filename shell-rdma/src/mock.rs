@@ -134,6 +134,31 @@ impl MockVerbs {
     }
 }
 
+impl MockVerbs {
+    /// Places `data` in the peer's next posted slot and completes that receive claiming
+    /// `claimed` bytes and work request id `wr_id` (`None`: the slot's own), as a broken or
+    /// hostile provider might: a length past the slot, a slot never posted. Returns whether a
+    /// slot was posted (nothing happens otherwise).
+    pub fn complete_peer_receive(&self, data: &[u8], claimed: u32, wr_id: Option<u64>) -> bool {
+        let mut fabric = self.lock();
+        let peer = &mut fabric.sides[1 - self.me];
+        let Some(slot) = peer.posted.pop_front() else {
+            return false;
+        };
+        peer.slots[slot] = data.to_vec();
+        peer.complete(
+            Cq::Recv,
+            Completion {
+                wr_id: wr_id.unwrap_or(slot as u64),
+                status: Ok(claimed),
+            },
+        );
+        drop(fabric);
+        self.shared.1.notify_all();
+        true
+    }
+}
+
 /// Places the SENDs waiting for side `to` into its posted slots.
 fn deliver(fabric: &mut Fabric, to: usize) {
     let from = 1 - to;

@@ -107,6 +107,11 @@ impl<V: Verbs> RdmaStream<V> {
         &self.verbs
     }
 
+    /// The queue pair, mutably (tests make the mock misbehave).
+    pub fn verbs_mut(&mut self) -> &mut V {
+        &mut self.verbs
+    }
+
     /// Sends one transport-level write: SENDs of at most [`RDMA_CHUNK`] bytes, each signalled
     /// and waited for before the next (stop-and-wait). The caller decides where writes begin
     /// and end ([`crate::framing`]), because older receivers need every SEND inside one read.

@@ -449,6 +449,43 @@ impl IbvQueuePair {
     }
 }
 
+#[cfg(feature = "hostile-peer")]
+impl IbvQueuePair {
+    /// Posts one signalled SEND of `len` bytes taken from this side's registered receive ring
+    /// (at most its 24 × 256 KiB), longer than the peer's receive slot when `len` exceeds
+    /// [`RDMA_CHUNK`]: what a hostile peer does. For tests of the receiving side only (feature
+    /// `hostile-peer`); the data path never calls it.
+    pub fn post_oversized_send(&mut self, len: usize) -> Result<(), VerbsError> {
+        let ring = self.ring();
+        let Ok(length) = u32::try_from(len) else {
+            return Err(VerbsError::errno("ibv_post_send", libc::EINVAL));
+        };
+        if len > RDMA_RX_DEPTH * RDMA_CHUNK || ring.is_null() {
+            return Err(VerbsError::errno("ibv_post_send", libc::EINVAL));
+        }
+        // SAFETY: `len` bytes from the start of the ring lie inside the ring, registered as
+        // `rx_mr`; the provider reads them during the call or before the completion, and the
+        // ring outlives the QP; the QP is live.
+        unsafe {
+            let mut sge: ibv_sge = std::mem::zeroed();
+            let mut wr: ibv_send_wr = std::mem::zeroed();
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+            wr.num_sge = 1;
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+            sge.addr = ring as u64;
+            sge.length = length;
+            sge.lkey = (*self.res.rx_mr).lkey;
+            wr.sg_list = &mut sge;
+            let mut bad = ptr::null_mut();
+            let rc = ibv_post_send(self.res.qp, &mut wr, &mut bad);
+            if rc != 0 {
+                return Err(VerbsError::errno("ibv_post_send", rc));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Verbs for IbvQueuePair {
     fn inline_limit(&self) -> usize {
         self.inline

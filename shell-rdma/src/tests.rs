@@ -152,3 +152,33 @@ fn a_flushed_receive_is_the_peer_closing_only_if_its_socket_hangs_up() {
     assert!(matches!(err, StreamError::Completion { .. }), "{err}");
     drop(b);
 }
+
+#[test]
+fn a_completion_claiming_more_than_a_slot_is_an_overrun_and_reads_nothing() {
+    let (a, mut b) = streams();
+    assert!(a
+        .verbs()
+        .complete_peer_receive(b"abc", RDMA_CHUNK as u32 + 1, None));
+    let mut buf = vec![0u8; 2 * RDMA_CHUNK];
+    let err = b.recv(&mut buf, WAIT).unwrap_err();
+    assert!(
+        matches!(err, StreamError::Overrun { got, .. } if got as usize == RDMA_CHUNK + 1),
+        "{err}"
+    );
+    assert!(!b.has_buffered(), "nothing of the lie is read");
+    assert_eq!(
+        b.verbs().slots_posted(),
+        RDMA_RX_DEPTH,
+        "its slot re-posted"
+    );
+    // A completion naming a slot that was never posted.
+    let (a, mut b) = streams();
+    assert!(a
+        .verbs()
+        .complete_peer_receive(b"abc", 3, Some(RDMA_RX_DEPTH as u64)));
+    let err = b.recv(&mut buf, WAIT).unwrap_err();
+    assert!(
+        matches!(err, StreamError::Overrun { slot, .. } if slot == RDMA_RX_DEPTH as u64),
+        "{err}"
+    );
+}

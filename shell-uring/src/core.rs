@@ -1,15 +1,18 @@
-//! One connection's protocol state on the ring: the driver, its comm links and the bytes it
-//! queued for the ring to send. The ring thread polls it inline and hands it to a blocking
-//! thread for heavy work.
+//! One connection's protocol state on the ring: the driver, its comm links, the bytes it
+//! queued for the ring to send and its transport negotiation. The ring thread polls it inline
+//! and hands it to a blocking thread for heavy work, and for good once the connection moves
+//! to RDMA ([`Core::switch`]: `shell_rdma::serve` runs it to its end).
 
-use std::net::TcpStream;
+use std::net::{IpAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use proto_core::backend::Backend;
 use proto_core::driver::{Action, CommWork, Connection, Place};
 use shell_common::direct::{self, SEND_PIECE};
-use shell_common::shell::ConnectionError;
+use shell_common::shell::{Closed, ConnectionError};
 use shell_common::{CommLinks, ConnectionConfig, Direct, SendQueue};
+use shell_rdma::serve::{Served, Upgrader};
 
 use crate::ring::{recv_now, send_now};
 
@@ -31,6 +34,11 @@ pub(crate) enum Stop {
     Comm(CommWork),
     /// The connection must close.
     Failed(proto_core::Error),
+    /// HELLO's answer is written and the connection moves to RDMA: for a blocking thread
+    /// ([`Core::switch`]), where it stays until it ends.
+    Switch,
+    /// The connection ended (over RDMA, or refused by `--transport rdma`): close it at once.
+    Ended(Result<Closed, ConnectionError>),
 }
 
 /// The protocol state of one connection. Dropping it frees every buffer the client held.
@@ -39,17 +47,25 @@ pub(crate) struct Core {
     links: CommLinks,
     /// Bytes to write, in order.
     pub outbox: SendQueue,
+    /// HELLO's transport caps and the switch they lead to.
+    upgrader: Upgrader,
+    /// The connection's local address (chooses the RDMA device).
+    local: Option<IpAddr>,
 }
 
 impl Core {
+    /// The state of a connection whose socket's local address is `local`.
     pub(crate) fn new(
         backend: Arc<dyn Backend>,
         config: &ConnectionConfig,
+        local: Option<IpAddr>,
     ) -> proto_core::Result<Core> {
         Ok(Core {
             conn: config.connect(backend, true)?,
             links: config.comm_links(),
             outbox: SendQueue::new(),
+            upgrader: Upgrader::new(config.transport),
+            local,
         })
     }
 
@@ -69,6 +85,12 @@ impl Core {
             }
             match action {
                 Err(error) => return Stop::Failed(error),
+                // Everything before is written (HELLO's answer included): switch.
+                Ok(Action::Receive(_))
+                    if self.outbox.is_empty() && self.upgrader.switch_pending() =>
+                {
+                    return Stop::Switch
+                }
                 Ok(Action::Transmit | Action::Receive(_)) => return Stop::Idle,
                 Ok(Action::SendInPlace) => return Stop::SendInPlace,
                 Ok(Action::Offload) => return Stop::Heavy,
@@ -80,9 +102,16 @@ impl Core {
                     action = self.conn.poll(place);
                 }
                 Ok(Action::Comm(work)) => return Stop::Comm(work),
-                // The io_uring shell stays on TCP (it does not ask for `negotiate_transport`).
-                Ok(Action::Upgrade(_)) => {
-                    if let Err(error) = self.conn.answer_hello([0; 24]) {
+                // HELLO's transport caps (with `--transport tcp` the driver never asks).
+                Ok(Action::Upgrade(peer)) => {
+                    let caps = match self.local {
+                        Some(local) => match self.upgrader.answer(local, &peer) {
+                            Ok(caps) => caps,
+                            Err(refused) => return Stop::Ended(Err(refused.into())),
+                        },
+                        None => [0; 24],
+                    };
+                    if let Err(error) = self.conn.answer_hello(caps) {
                         return Stop::Failed(error);
                     }
                     action = self.conn.poll(place);
@@ -100,6 +129,22 @@ impl Core {
             }
         }
         self.drive(true)
+    }
+
+    /// Moves the connection to RDMA once HELLO's answer is written (on a blocking thread, after
+    /// [`Stop::Switch`]) and serves it there to its end: [`Stop::Ended`]; or [`Stop::Idle`]
+    /// when activation failed with `--transport auto` and it stays on TCP. `stream` is the
+    /// connection's socket (watched for the client's hang-up), `stop` says the server shuts
+    /// down.
+    pub(crate) fn switch(&mut self, stream: &TcpStream, stop: &dyn Fn() -> bool) -> Stop {
+        let Some(switch) = self.upgrader.take() else {
+            return Stop::Idle;
+        };
+        let mode = self.upgrader.mode();
+        match switch.serve(stream.as_fd(), mode, &mut self.conn, &mut self.links, stop) {
+            Served::Ended(ending) => Stop::Ended(ending),
+            Served::StayOnTcp => Stop::Idle,
+        }
     }
 
     /// One step of a direct transfer between `stream` and backend memory: with `writable` the

@@ -3,6 +3,8 @@
 //! connection needs next. This crate adds the event loop: many clients per ring (one ring per
 //! thread), operations submitted in batches, tensor data moved straight between sockets and
 //! backend memory, and heavy work on blocking threads so no client stalls another.
+//! A connection whose HELLO switches it to RDMA (`--transport`) leaves the ring once the
+//! answer is written and runs `shell_rdma::serve` on a blocking thread until it ends.
 //!
 //! * [`Server`]: start on a bound listener, [`Server::stop`], [`Server::join`].
 //! * [`probe`]: whether this kernel lets the process use io_uring ([`Server::start`] fails with

@@ -19,6 +19,10 @@
 //! ring's mailbox (an eventfd the ring always has a read posted on). Freeing a client that held
 //! [`HEAVY_FREE_BYTES`](shell_common::HEAVY_FREE_BYTES) is heavy too (unmapping a GiB takes
 //! about 100 ms); `join` waits for those frees.
+//!
+//! A connection that switches to RDMA after HELLO ([`Stop::Switch`]) goes to a blocking thread
+//! for good: `shell_rdma::serve` runs it to its end, and the core comes back only to be closed
+//! (or, when activation failed with `--transport auto`, to go on over TCP).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
@@ -126,6 +130,9 @@ enum Job {
     Work(Stop),
     /// The direct transfer in progress (a reply's with `true`), with a share of the socket.
     Direct(Arc<TcpStream>, bool),
+    /// [`Stop::Switch`]: the connection served over RDMA until it ends, with a share of the
+    /// socket (watched for the client's hang-up).
+    Switch(Arc<TcpStream>),
 }
 
 /// Where blocking threads return cores to a ring.
@@ -486,7 +493,9 @@ impl Loop {
         let core = {
             let _entered = span.enter();
             shell::accepted(&stream);
-            Core::new(self.shared.backend.clone(), &self.shared.connection).map(|mut core| {
+            let local = stream.local_addr().ok().map(|local| local.ip());
+            let backend = self.shared.backend.clone();
+            Core::new(backend, &self.shared.connection, local).map(|mut core| {
                 core.conn.set_monitor(slot.monitor());
                 core
             })
@@ -627,6 +636,13 @@ impl Loop {
         let (outbox_empty, reply) = (core.outbox.is_empty(), core.conn.reply_remaining());
         match stop {
             Stop::Failed(error) => return self.fail(tag, error),
+            Stop::Ended(ending) => return self.finish(tag, ending),
+            // HELLO's answer is out (the core only switches with nothing queued): the
+            // connection leaves the ring for a blocking thread until it ends.
+            Stop::Switch => {
+                let stream = conn.stream.clone();
+                return self.offload(tag, Job::Switch(stream));
+            }
             // The head first, then the data straight from backend memory.
             Stop::SendInPlace if outbox_empty => return self.start_direct(tag, true, reply),
             Stop::SendInPlace | Stop::Idle => {}
@@ -701,9 +717,10 @@ impl Loop {
                 conn.recv_stream(&mut self.ring, tag, remaining, &self.shared.config)
             }
             Job::Direct(..) => self.offloaded_direct += 1,
-            Job::Work(_) => {}
+            Job::Work(_) | Job::Switch(_) => {}
         }
         let (mailbox, span) = (self.mailbox.clone(), conn.span.clone());
+        let shared = self.shared.clone();
         self.shared.pool.execute(move || {
             let (stop, direct) = span.in_scope(|| match job {
                 Job::Work(work) => (core.run(work), None),
@@ -712,6 +729,10 @@ impl Loop {
                 Job::Direct(stream, writable) => {
                     let (stop, end) = direct_blocking(&mut core, &stream, writable);
                     (stop, Some(end))
+                }
+                Job::Switch(stream) => {
+                    let stopping = || shared.stop.load(Ordering::SeqCst);
+                    (core.switch(&stream, &stopping), None)
                 }
             });
             mailbox.deliver(Returned {

@@ -75,11 +75,16 @@ pub struct Rank {
 }
 
 pub async fn rank(addr: SocketAddr, n: usize, partial: &[f32], name: &str) -> Rank {
-    let mut client = t(
+    let client = t(
         &format!("{name}: HELLO"),
         Client::connect(addr, ProtocolVersion::V8_0_0),
     )
     .await;
+    rank_on(client, n, partial, name).await
+}
+
+/// [`rank`] on a connected client.
+pub async fn rank_on(mut client: Client, n: usize, partial: &[f32], name: &str) -> Rank {
     let buf = t(
         &format!("{name}: ALLOC_BUFFER"),
         client.alloc_buffer(0, (n * 4) as u64),

@@ -143,6 +143,12 @@ pub enum CommError {
     /// The peer sent bytes the exchange in progress did not ask for.
     #[error("the peer sent data out of turn")]
     OutOfTurn,
+    /// The transport the link moved to after its caps exchange (RDMA) failed.
+    #[error("comm link transport failed: {reason}")]
+    Transport {
+        /// What the transport reported.
+        reason: String,
+    },
     /// The driver called an operation the machine cannot take in its current state.
     #[error("operation not allowed in the current state: {operation}")]
     InvalidState {

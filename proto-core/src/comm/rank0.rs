@@ -105,6 +105,15 @@ impl Rank0Setup {
         usize::try_from(self.world.saturating_sub(1)).unwrap_or(usize::MAX)
     }
 
+    /// [`handle_accepted`](Self::handle_accepted) announcing `local_caps` on this connection
+    /// (each RDMA queue pair has caps of its own), and on later ones unless changed again.
+    pub fn handle_accepted_with(&mut self, local_caps: ConnCaps) -> Result<(), CommError> {
+        if matches!(self.state, State::AwaitingAccept) {
+            self.local_caps = local_caps;
+        }
+        self.handle_accepted()
+    }
+
     /// The driver accepted the next connection; it becomes the current connection.
     pub fn handle_accepted(&mut self) -> Result<(), CommError> {
         if let Some(e) = self.failed() {
@@ -277,6 +286,29 @@ mod tests {
             *b = (rank as u8).wrapping_mul(17).wrapping_add(i as u8 + 1);
         }
         c
+    }
+
+    #[test]
+    fn each_connection_announces_the_caps_it_was_accepted_with() {
+        // One RDMA queue pair per comm socket: rank 0's caps differ per connection.
+        let mut setup = Rank0Setup::new(LinkVariant::Ranked, 3, caps(0)).unwrap();
+        for (peer, own) in [(1u32, 7u32), (2, 9)] {
+            assert!(matches!(setup.poll_event(), Some(Rank0Event::Accept)));
+            setup.handle_accepted_with(caps(own)).unwrap();
+            assert_eq!(setup.handle_input(&caps(peer)).unwrap(), CAPS_SIZE);
+            let sent = setup.poll_transmit().unwrap();
+            assert_eq!(&sent.data[..], &caps(own)[..]);
+            assert!(matches!(
+                setup.poll_event(),
+                Some(Rank0Event::CapsExchanged { peer_caps }) if peer_caps == caps(peer)
+            ));
+            assert_eq!(setup.handle_input(&peer.to_le_bytes()).unwrap(), 4);
+            assert!(matches!(
+                setup.poll_event(),
+                Some(Rank0Event::PeerJoined { rank, .. }) if rank == peer
+            ));
+        }
+        assert!(setup.is_done());
     }
 
     /// Bytes a peer sends right after its handshake (its first bootstrap block, say), so that

@@ -8,6 +8,7 @@ use proto_core::backend::Side;
 use proto_core::comm::{CommError, Transmit};
 
 use super::secure::{secure, CommStream, CommTls};
+use super::transport::LinkStream;
 use super::CommPeers;
 
 /// The reference's connect retries: 100 tries, 50 ms apart.
@@ -117,8 +118,19 @@ fn prepare(stream: &TcpStream, timeout: Duration) -> Result<(), CommError> {
     Ok(())
 }
 
-/// Writes one transmit (the reference's send + flush).
+/// Writes one transmit (the reference's send + flush), over the link's transport.
 pub(super) fn write(
+    stream: &mut LinkStream,
+    transmit: &Transmit,
+    timeout: Duration,
+) -> Result<(), CommError> {
+    match stream.transport() {
+        Some(transport) => transport.write(&transmit.data),
+        None => write_tcp(&mut stream.tcp, transmit, timeout),
+    }
+}
+
+fn write_tcp(
     stream: &mut CommStream,
     transmit: &Transmit,
     timeout: Duration,
@@ -139,9 +151,10 @@ pub(super) fn write(
     })
 }
 
-/// Reads at most `max` bytes (at least one unless EOF) before `deadline`; empty at EOF.
+/// Reads at most `max` bytes (at least one unless EOF) before `deadline`, over the link's
+/// transport; empty at EOF.
 pub(super) fn read_up_to(
-    stream: &mut CommStream,
+    stream: &mut LinkStream,
     max: usize,
     deadline: Instant,
     timeout: Duration,
@@ -150,6 +163,10 @@ pub(super) fn read_up_to(
     if left.is_zero() {
         return Err(timed_out(timeout));
     }
+    let stream = match stream.transport() {
+        Some(transport) => return transport.read_up_to(max.max(1), left),
+        None => &mut stream.tcp,
+    };
     stream.socket().set_read_timeout(Some(left))?;
     let mut buf = vec![0u8; max.max(1)];
     match stream.read(&mut buf) {

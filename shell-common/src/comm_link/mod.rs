@@ -15,6 +15,9 @@ pub mod pairwise;
 pub mod peers;
 mod ranked;
 mod secure;
+pub mod transport;
+#[cfg(test)]
+mod transport_tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +31,7 @@ use proto_core::wire::CommInitRequest;
 pub use pairwise::CommLink;
 pub use peers::CommPeers;
 pub use secure::CommTls;
+pub use transport::{CommTransport, LinkTransport, LinkUpgrade, PendingLink};
 
 use crate::remote_copy::{self, PeerAllowList};
 use crate::tls::ClientTls;
@@ -53,6 +57,9 @@ pub struct CommSettings {
     /// TLS for every comm-link connection when this server runs with TLS (the same
     /// certificate, key and CA; both ends verify the other).
     pub tls: Option<CommTls>,
+    /// Whether comm sockets offer RDMA caps (`--transport auto|rdma`) and switch when the
+    /// peer offers them too, as the reference's comm link does.
+    pub transport: CommTransport,
 }
 
 /// One device's comm state.
@@ -182,6 +189,7 @@ impl CommLinks {
                 timeout,
                 &self.settings.peers,
                 self.settings.tls.as_ref(),
+                &self.settings.transport,
             )?)),
             LinkVariant::Ranked => {
                 let backend = &**conn.backend();

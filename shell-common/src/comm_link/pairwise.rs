@@ -4,23 +4,26 @@
 
 use std::time::{Duration, Instant};
 
-use proto_core::comm::{CommError, Handshake, LinkVariant, PairwiseAllReduce, WireFormat};
+use proto_core::comm::{
+    CommError, Handshake, HandshakeEvent, LinkVariant, PairwiseAllReduce, WireFormat,
+};
 use proto_core::wire::CommInitRequest;
 
-use super::secure::{CommStream, CommTls};
+use super::secure::CommTls;
+use super::transport::{CommTransport, LinkStream};
 use super::{io, CommPeers};
 
 /// An established link to the other rank of a two-rank group.
 #[derive(Debug)]
 pub struct CommLink {
-    stream: CommStream,
+    stream: LinkStream,
     rank: u32,
     timeout: Duration,
 }
 
 impl CommLink {
     /// The link over `stream`, whose set-up is complete.
-    pub(super) fn new(stream: CommStream, rank: u32, timeout: Duration) -> CommLink {
+    pub(super) fn new(stream: LinkStream, rank: u32, timeout: Duration) -> CommLink {
         CommLink {
             stream,
             rank,
@@ -33,31 +36,39 @@ impl CommLink {
         self.rank
     }
 
+    /// Whether the link moved to RDMA after its caps exchange.
+    pub fn switched(&self) -> bool {
+        self.stream.switched()
+    }
+
     /// Sets up the 8.0.0 link that COMM_INIT asks for (world 2 only): rank 0 accepts one
-    /// peer, rank 1 connects; with `tls` the TLS handshake; then the caps exchange.
+    /// peer, rank 1 connects; with `tls` the TLS handshake; then the caps exchange (with
+    /// `transport`'s caps on a plain link: it switches to RDMA when both sides offered them).
     pub fn establish(
         request: &CommInitRequest,
         timeout: Duration,
         peers: &CommPeers,
         tls: Option<&CommTls>,
+        transport: &CommTransport,
     ) -> Result<CommLink, CommError> {
         let port = port_of(request)?;
         let deadline = Instant::now() + timeout;
         let (mut stream, handshake) = if request.rank == 0 {
-            let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
+            // Checks the rank and world before anything is opened.
+            Handshake::acceptor(LinkVariant::V8_0, request.world, [0; 24])?;
             let listener = io::listen(port)?;
-            (
-                io::accept(&listener, deadline, timeout, peers, tls)?,
-                handshake,
-            )
+            let accepted = io::accept(&listener, deadline, timeout, peers, tls)?;
+            let (caps, stream) = transport.offer(accepted);
+            let handshake = Handshake::acceptor(LinkVariant::V8_0, request.world, caps)?;
+            (stream, handshake)
         } else {
-            let handshake =
-                Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
+            Handshake::connector(LinkVariant::V8_0, request.rank, request.world, [0; 24])?;
             let host = host_of(request)?;
-            (
-                io::connect(&host, port, deadline, timeout, peers, tls)?,
-                handshake,
-            )
+            let connected = io::connect(&host, port, deadline, timeout, peers, tls)?;
+            let (caps, stream) = transport.offer(connected);
+            let handshake =
+                Handshake::connector(LinkVariant::V8_0, request.rank, request.world, caps)?;
+            (stream, handshake)
         };
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
         Ok(CommLink::new(stream, request.rank, timeout))
@@ -105,10 +116,10 @@ pub(super) fn host_of(request: &CommInitRequest) -> Result<String, CommError> {
     Ok(host)
 }
 
-/// Runs one side's handshake on `stream` to its end. Both ends announce all-zero caps: the
-/// link stays on TCP.
+/// Runs one side's handshake on `stream` to its end, applying the peer's caps once they are
+/// exchanged (the bytes after them go over RDMA when the link switched).
 pub(super) fn drive_handshake(
-    stream: &mut CommStream,
+    stream: &mut LinkStream,
     mut handshake: Handshake,
     deadline: Instant,
     timeout: Duration,
@@ -120,7 +131,8 @@ pub(super) fn drive_handshake(
             progressed = true;
         }
         // Taking an event (the caps were applied) may release the next transmit.
-        while handshake.poll_event().is_some() {
+        while let Some(HandshakeEvent::CapsExchanged { peer_caps }) = handshake.poll_event() {
+            stream.apply(&peer_caps, timeout);
             progressed = true;
         }
         if handshake.is_done() {

@@ -17,7 +17,8 @@ use proto_core::comm::{
 use proto_core::wire::CommInitRequest;
 
 use super::pairwise::{drive_handshake, host_of, port_of, CommLink};
-use super::secure::{secure_boxed, CommStream, CommTls};
+use super::secure::{secure_boxed, CommTls};
+use super::transport::{CommTransport, LinkStream};
 use super::{io, CommPeers, CommSettings};
 
 /// Largest bootstrap exchange (all ranks' blocks together) a rank takes part in.
@@ -42,13 +43,25 @@ pub(super) fn establish(
     let (timeout, peers, tls) = (settings.timeout, &settings.peers, settings.tls.as_ref());
     let port = port_of(request)?;
     let deadline = Instant::now() + timeout;
+    let transport = &settings.transport;
     let mut star = if request.rank == 0 {
-        Star::accept(port, request.world, deadline, timeout, peers, tls)?
+        Star::accept(
+            port,
+            request.world,
+            deadline,
+            timeout,
+            peers,
+            tls,
+            transport,
+        )?
     } else {
-        let handshake =
-            Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
+        // Checks the rank and world before anything is opened.
+        Handshake::connector(LinkVariant::Ranked, request.rank, request.world, [0; 24])?;
         let host = host_of(request)?;
-        let mut stream = io::connect(&host, port, deadline, timeout, peers, tls)?;
+        let connected = io::connect(&host, port, deadline, timeout, peers, tls)?;
+        let (caps, mut stream) = transport.offer(connected);
+        let handshake =
+            Handshake::connector(LinkVariant::Ranked, request.rank, request.world, caps)?;
         drive_handshake(&mut stream, handshake, deadline, timeout)?;
         Star::leaf(stream, request.rank, request.world, timeout, peers, tls)?
     };
@@ -76,7 +89,7 @@ pub(super) fn establish(
 struct Star {
     rank: u32,
     world: u32,
-    streams: Vec<CommStream>,
+    streams: Vec<LinkStream>,
     local_ip: Ipv4Addr,
     timeout: Duration,
     peers: CommPeers,
@@ -92,10 +105,11 @@ impl Star {
         timeout: Duration,
         peers: &CommPeers,
         tls: Option<&CommTls>,
+        transport: &CommTransport,
     ) -> Result<Star, CommError> {
         let mut setup = Rank0Setup::new(LinkVariant::Ranked, world, [0; 24])?;
         let listener = io::listen(port)?;
-        let mut current: Option<CommStream> = None;
+        let mut current: Option<LinkStream> = None;
         let mut joined = BTreeMap::new();
         loop {
             let mut progressed = false;
@@ -109,10 +123,16 @@ impl Star {
                 progressed = true;
                 match event {
                     Rank0Event::Accept => {
-                        current = Some(io::accept(&listener, deadline, timeout, peers, tls)?);
-                        setup.handle_accepted()?;
+                        let accepted = io::accept(&listener, deadline, timeout, peers, tls)?;
+                        let (caps, stream) = transport.offer(accepted);
+                        current = Some(stream);
+                        setup.handle_accepted_with(caps)?;
                     }
-                    Rank0Event::CapsExchanged { .. } => {}
+                    Rank0Event::CapsExchanged { peer_caps } => {
+                        if let Some(stream) = current.as_mut() {
+                            stream.apply(&peer_caps, timeout);
+                        }
+                    }
                     Rank0Event::PeerJoined { rank, .. } => {
                         let stream = current.take().ok_or(CommError::NotDone)?;
                         tracing::info!(rank, "comm link: rank joined");
@@ -142,7 +162,7 @@ impl Star {
             }
             io::offer(&data, |piece| setup.handle_input(piece))?;
         }
-        let streams: Vec<CommStream> = joined.into_values().collect();
+        let streams: Vec<LinkStream> = joined.into_values().collect();
         let local_ip = match streams
             .first()
             .map(|stream| stream.socket().local_addr())
@@ -164,7 +184,7 @@ impl Star {
 
     /// A rank above 0 with its socket to rank 0.
     fn leaf(
-        stream: CommStream,
+        stream: LinkStream,
         rank: u32,
         world: u32,
         timeout: Duration,
@@ -187,7 +207,7 @@ impl Star {
     }
 
     /// The socket to `peer`.
-    fn stream(&mut self, peer: u32) -> Result<&mut CommStream, CommError> {
+    fn stream(&mut self, peer: u32) -> Result<&mut LinkStream, CommError> {
         let index = if self.rank == 0 {
             peer.checked_sub(1)
         } else {

@@ -82,6 +82,11 @@ impl fmt::Debug for CommStream {
 }
 
 impl CommStream {
+    /// Whether it is TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        !matches!(self, CommStream::Plain(_))
+    }
+
     /// The socket under it (for timeouts and addresses).
     pub(crate) fn socket(&self) -> &TcpStream {
         match self {
