@@ -102,23 +102,7 @@ fn commands_and_large_tensors_round_trip_over_rdma() {
     let (server, mut client, end) = start();
     let mut stream = RdmaStream::new(end, timing());
     let size = 3 * RDMA_CHUNK as u64 + 12344;
-    let Some(Response::AllocBuffer { remote_ptr, .. }) = call(
-        &mut client,
-        &mut stream,
-        Request::AllocBuffer { device: 0, size },
-    ) else {
-        panic!("no buffer")
-    };
-    let Some(Response::BufferBase(base)) = call(
-        &mut client,
-        &mut stream,
-        Request::BufferGetBase { buffer: remote_ptr },
-    ) else {
-        panic!("no base")
-    };
-    let mut tensor = RpcTensor::contiguous(1, id::F32, [size as u32 / 4, 1, 1, 1]).unwrap();
-    tensor.buffer = remote_ptr;
-    tensor.data = base;
+    let tensor = alloc_tensor(&mut client, &mut stream, size);
     let data: Vec<u8> = (0..size).map(|i| (i * 13 + i / 509) as u8).collect();
     let header = SetTensorHeader {
         tensor: tensor.clone(),

@@ -467,23 +467,41 @@ impl IbvQueuePair {
         // `rx_mr`; the provider reads them during the call or before the completion, and the
         // ring outlives the QP; the QP is live.
         unsafe {
-            let mut sge: ibv_sge = std::mem::zeroed();
-            let mut wr: ibv_send_wr = std::mem::zeroed();
-            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            wr.num_sge = 1;
-            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-            sge.addr = ring as u64;
-            sge.length = length;
-            sge.lkey = (*self.res.rx_mr).lkey;
-            wr.sg_list = &mut sge;
-            let mut bad = ptr::null_mut();
-            let rc = ibv_post_send(self.res.qp, &mut wr, &mut bad);
-            if rc != 0 {
-                return Err(VerbsError::errno("ibv_post_send", rc));
-            }
+            let sge = ibv_sge {
+                addr: ring as u64,
+                length,
+                lkey: (*self.res.rx_mr).lkey,
+            };
+            post_signaled_send(self.res.qp, sge, 0)
         }
-        Ok(())
     }
+}
+
+/// Posts one signaled SEND of `sge`, with `flags` besides SIGNALED.
+///
+/// # Safety
+/// `qp` is a live queue pair; `sge` names memory the provider may read until the send's
+/// completion (registered under `sge.lkey`), or inline data it copies during the call.
+unsafe fn post_signaled_send(
+    qp: *mut ibv_qp,
+    mut sge: ibv_sge,
+    flags: u32,
+) -> Result<(), VerbsError> {
+    // SAFETY: an all-zero work request is a valid empty one; the caller vouches for `qp` and
+    // `sge`, which outlives the call.
+    unsafe {
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.num_sge = 1;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0 | flags;
+        wr.sg_list = &mut sge;
+        let mut bad = ptr::null_mut();
+        let rc = ibv_post_send(qp, &mut wr, &mut bad);
+        if rc != 0 {
+            return Err(VerbsError::errno("ibv_post_send", rc));
+        }
+    }
+    Ok(())
 }
 
 impl Verbs for IbvQueuePair {
@@ -498,15 +516,14 @@ impl Verbs for IbvQueuePair {
         // SAFETY: the staging buffer is RDMA_CHUNK bytes and registered as `tx_mr`; inline
         // data is copied by the provider during the call; the QP is live.
         unsafe {
-            let mut sge: ibv_sge = std::mem::zeroed();
-            let mut wr: ibv_send_wr = std::mem::zeroed();
-            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            wr.num_sge = 1;
-            sge.length = data.len() as u32;
+            let length = data.len() as u32;
             if data.len() <= self.inline {
-                sge.addr = data.as_ptr() as u64;
-                wr.send_flags =
-                    ibv_send_flags::IBV_SEND_SIGNALED.0 | ibv_send_flags::IBV_SEND_INLINE.0;
+                let sge = ibv_sge {
+                    addr: data.as_ptr() as u64,
+                    length,
+                    lkey: 0,
+                };
+                post_signaled_send(self.res.qp, sge, ibv_send_flags::IBV_SEND_INLINE.0)
             } else {
                 let tx = self
                     .res
@@ -514,19 +531,14 @@ impl Verbs for IbvQueuePair {
                     .as_ref()
                     .map_or(ptr::null_mut(), |b| b.ptr.as_ptr());
                 ptr::copy_nonoverlapping(data.as_ptr(), tx, data.len());
-                sge.addr = tx as u64;
-                sge.lkey = (*self.res.tx_mr).lkey;
-                wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-            }
-            // The list points at `sge` only once it is filled in.
-            wr.sg_list = &mut sge;
-            let mut bad = ptr::null_mut();
-            let rc = ibv_post_send(self.res.qp, &mut wr, &mut bad);
-            if rc != 0 {
-                return Err(VerbsError::errno("ibv_post_send", rc));
+                let sge = ibv_sge {
+                    addr: tx as u64,
+                    length,
+                    lkey: (*self.res.tx_mr).lkey,
+                };
+                post_signaled_send(self.res.qp, sge, 0)
             }
         }
-        Ok(())
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<(), VerbsError> {
