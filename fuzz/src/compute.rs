@@ -18,9 +18,11 @@
 //!   bit 0 full `i32`s, else small integers, bit 1 then the floats `x / 8`), then the 16
 //!   `op_params` as `i32` or `i8` accordingly.
 
+use std::cell::RefCell;
+
 use arbitrary::{Arbitrary, Unstructured};
 use backend_cpu::{CpuBackend, CpuConfig, MemoryCapacity, PagePolicy};
-use proto_core::backend::{Backend, TensorLocation};
+use proto_core::backend::{Backend, BufferId, TensorLocation};
 use proto_core::ggml::{flags, type_info, types::id as ty, GgmlTable, OP_COUNT};
 use proto_core::graph::{Graph, GraphLimits};
 use proto_core::wire::{GraphComputeRequest, RpcTensor};
@@ -222,14 +224,34 @@ pub enum ComputeOutcome {
 /// When the engine reports a panicked kernel, or the buffer's size changed.
 pub fn run(data: &[u8]) -> ComputeOutcome {
     let input = ComputeInput::read(data);
-    let backend = CpuBackend::new(CpuConfig {
-        threads: 1 + usize::from(input.threads) % 3,
-        pages: PagePolicy::Base,
-        capacity: MemoryCapacity::Bytes(u64::MAX),
-    });
-    let buffer = backend
-        .alloc_buffer(0, BUFFER_SIZE)
-        .expect("a 1 MiB buffer");
+    let threads = 1 + usize::from(input.threads) % 3;
+    BACKENDS.with_borrow_mut(|backends| {
+        let (backend, buffer) = backends[threads - 1].get_or_insert_with(|| {
+            let backend = CpuBackend::new(CpuConfig {
+                threads,
+                pages: PagePolicy::Base,
+                capacity: MemoryCapacity::Bytes(u64::MAX),
+            });
+            let buffer = backend
+                .alloc_buffer(0, BUFFER_SIZE)
+                .expect("a 1 MiB buffer")
+                .id;
+            (backend, buffer)
+        });
+        compute(&input, backend, *buffer)
+    })
+}
+
+thread_local! {
+    /// One backend per thread count with its one buffer, kept from input to input: a fresh
+    /// backend and buffer per input spent most of the run in page faults. Every input fills
+    /// the whole buffer first, so none sees another's bytes.
+    static BACKENDS: RefCell<[Option<(CpuBackend, BufferId)>; 3]> =
+        const { RefCell::new([None, None, None]) };
+}
+
+/// [`run`] on `backend`, whose `buffer` is the graph's.
+fn compute(input: &ComputeInput, backend: &CpuBackend, buffer: BufferId) -> ComputeOutcome {
     // Arbitrary bytes (NaNs, huge ids, ...) where the graph's values come from.
     let mut state = input.fill | 1;
     let pattern: Vec<u8> = (0..4096)
@@ -240,16 +262,11 @@ pub fn run(data: &[u8]) -> ComputeOutcome {
             state as u8
         })
         .collect();
-    let bytes = pattern.repeat(BUFFER_SIZE as usize / pattern.len());
-    backend
-        .write(
-            TensorLocation {
-                buffer: buffer.id,
-                offset: 0,
-            },
-            &bytes,
-        )
-        .expect("fill the buffer");
+    for offset in (0..BUFFER_SIZE).step_by(pattern.len()) {
+        backend
+            .write(TensorLocation { buffer, offset }, &pattern)
+            .expect("fill the buffer");
+    }
     let request = input.request();
     let mut resolve = |record: &RpcTensor, size: u64| -> Result<Option<TensorLocation>> {
         if record.buffer == 0 && record.data == 0 {
@@ -266,10 +283,7 @@ pub fn run(data: &[u8]) -> ComputeOutcome {
                 proto_core::graph::GraphError::OutsideBuffer { tensor: record.id },
             ));
         }
-        Ok(Some(TensorLocation {
-            buffer: buffer.id,
-            offset,
-        }))
+        Ok(Some(TensorLocation { buffer, offset }))
     };
     let graph = match Graph::decode(&request, &GraphLimits::DEFAULT, GgmlTable::V8_0_1, &mut resolve)
     {
