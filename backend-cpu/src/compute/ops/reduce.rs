@@ -8,6 +8,8 @@
 //! unspecified, swaps the first two. COUNT_EQUAL counts in integers (partial counts per work
 //! item, added at the end: exact in any order).
 
+use std::cmp::Ordering;
+
 use proto_core::Result;
 
 use crate::compute::memory::{Dst, DstPart};
@@ -86,7 +88,10 @@ pub(super) fn argmax(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The indices of row `x` ordered by value, largest first if `descending`.
+/// The indices of row `x` ordered by value, largest first if `descending`; equal values keep
+/// their order. NaN, which ggml's `<` leaves unordered (its sort's result is then up to the
+/// sort), goes after every number (first when `descending`): the comparison must be a total
+/// order, or the sort panics.
 fn sorted_indices(x: &[f32], descending: bool) -> Vec<usize> {
     let mut order: Vec<usize> = (0..x.len()).collect();
     order.sort_by(|&a, &b| {
@@ -95,7 +100,12 @@ fn sorted_indices(x: &[f32], descending: bool) -> Vec<usize> {
         } else {
             (x[a], x[b])
         };
-        a.partial_cmp(&b).unwrap_or(std::cmp::Ordering::Equal)
+        match (a.is_nan(), b.is_nan()) {
+            (false, false) => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+            (true, true) => Ordering::Equal,
+            (true, false) => Ordering::Greater,
+            (false, true) => Ordering::Less,
+        }
     });
     order
 }
@@ -172,4 +182,34 @@ pub(super) fn count_equal(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         part.write(0, 0, &(total as i64).to_le_bytes())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sorted_indices;
+
+    const NAN: f32 = f32::NAN;
+
+    #[test]
+    fn rows_with_nan_sort_in_a_total_order() {
+        // Found by the graph_compute fuzz target: with NaN beside numbers the comparison was
+        // no total order, and the standard library's sort panicked on it.
+        let row = [2.0, NAN, -1.0, NAN, 0.0, -0.0, 7.5, NAN, 1.0, -3.0, 4.0];
+        let ascending = [9, 2, 4, 5, 8, 0, 10, 6, 1, 3, 7];
+        assert_eq!(sorted_indices(&row, false), ascending);
+        let descending = [1, 3, 7, 6, 10, 0, 8, 4, 5, 2, 9];
+        assert_eq!(sorted_indices(&row, true), descending);
+        let nan_every_third = |i: u32| {
+            if i.is_multiple_of(3) {
+                NAN
+            } else {
+                (i * 37 % 11) as f32
+            }
+        };
+        let many: Vec<f32> = (0..100).map(nan_every_third).collect();
+        let order = sorted_indices(&many, false);
+        let (numbers, nans) = order.split_at(66);
+        assert!(numbers.windows(2).all(|w| many[w[0]] <= many[w[1]]));
+        assert!(nans.iter().all(|&i| many[i].is_nan()));
+    }
 }
