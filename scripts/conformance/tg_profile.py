@@ -5,8 +5,9 @@ usage: tg_profile.py FEWER.txt MORE.txt TOKENS   (MORE generated TOKENS more tok
 
 Inlining puts a kernel's code inside its caller; callgrind_annotate names such code by its
 source file and the function it was inlined into, so MUL_MAT is the code of
-`compute/ops/mul_mat.rs` inside the graph runner, and the rest of the runner is everything else
-a node does.
+`compute/ops/mul_mat.rs` inside the graph runner, or the function `ops::mul_mat::mul_mat` where
+the compiler kept it out of line (whichever the build has), and the rest of the runner is
+everything else a node does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main() -> int:
     rows = [
         ("server total", per_token("TOTAL")),
         ("  the graph runner (compute::run)", per_token(run)),
-        ("    MUL_MAT", per_token(("ops/mul_mat.rs", "backend_cpu::compute::run"))),
+        ("    MUL_MAT", max(per_token(("ops/mul_mat.rs", "backend_cpu::compute::run")),
+                          per_token(("ops/mul_mat.rs", "backend_cpu::compute::ops::mul_mat::mul_mat")))),
         ("    planning (plan::build)", per_token(("plan/mod.rs", "backend_cpu::compute::plan::build"))),
         ("  the dispatcher (Dispatcher::handle)", per_token(("dispatch/mod.rs", "proto_core::dispatch::Dispatcher<B>::handle"))),
     ]

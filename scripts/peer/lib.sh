@@ -42,7 +42,7 @@ peer_kill() {
 # enabled: some CI CPUs advertise it and then fault.
 PEER_ISA_OPTIONS=(
     sse4_2:GGML_SSE42 avx:GGML_AVX avx_vnni:GGML_AVX_VNNI avx2:GGML_AVX2 bmi2:GGML_BMI2
-    fma:GGML_FMA f16c:GGML_F16C avx512f:GGML_AVX512 avx512_vbmi:GGML_AVX512_VBMI
+    fma:GGML_FMA f16c:GGML_F16C avx512f:GGML_AVX512 avx512vbmi:GGML_AVX512_VBMI
     avx512_vnni:GGML_AVX512_VNNI avx512_bf16:GGML_AVX512_BF16
 )
 

@@ -287,32 +287,39 @@ impl Dst<'_> {
 
     /// Parts of `chunk` consecutive rows each, every column. One part covering everything if
     /// the layout is not injective; none if the destination is empty.
-    pub(crate) fn split_rows(&mut self, chunk: usize) -> Vec<DstPart<'_>> {
+    pub(crate) fn split_rows(&mut self, chunk: usize) -> Parts<'_> {
         let cols = self.layout.ne[0];
         self.split_grid(chunk, cols)
     }
 
     /// Tiles of `row_chunk` rows by `col_chunk` columns (rounded up to whole blocks). One part
     /// covering everything if the layout is not injective; none if the destination is empty.
-    pub(crate) fn split_grid(&mut self, row_chunk: usize, col_chunk: usize) -> Vec<DstPart<'_>> {
+    pub(crate) fn split_grid(&mut self, row_chunk: usize, col_chunk: usize) -> Parts<'_> {
         if self.base.is_null() || self.layout.is_empty() {
-            return Vec::new();
+            return Parts::none();
         }
         let rows = self.layout.rows();
         let cols = self.layout.ne[0];
         if !self.injective {
-            return vec![self.part(0..rows, 0..cols)];
+            return Parts::one(self.part(0..rows, 0..cols));
         }
         let block = self.layout.block;
         let row_chunk = row_chunk.clamp(1, rows);
         let col_chunk = col_chunk.clamp(1, cols).div_ceil(block) * block;
+        if row_chunk == rows && col_chunk >= cols {
+            // One thread's split of a small node: no list to allocate.
+            return Parts::one(self.part(0..rows, 0..cols));
+        }
         let mut parts = Vec::with_capacity(rows.div_ceil(row_chunk) * cols.div_ceil(col_chunk));
         for r in (0..rows).step_by(row_chunk) {
             for c in (0..cols).step_by(col_chunk) {
                 parts.push(self.part(r..(r + row_chunk).min(rows), c..(c + col_chunk).min(cols)));
             }
         }
-        parts
+        Parts {
+            one: None,
+            many: parts.into_iter(),
+        }
     }
 
     fn part(&self, rows: Range<usize>, cols: Range<usize>) -> DstPart<'_> {
@@ -325,6 +332,45 @@ impl Dst<'_> {
         }
     }
 }
+
+/// The parts of one split of a destination, in row-major tile order. A split into one part
+/// (every node of a single-threaded decode step) holds it inline.
+#[derive(Debug)]
+pub(crate) struct Parts<'p> {
+    one: Option<DstPart<'p>>,
+    many: std::vec::IntoIter<DstPart<'p>>,
+}
+
+impl<'p> Parts<'p> {
+    fn none() -> Parts<'p> {
+        Parts {
+            one: None,
+            many: Vec::new().into_iter(),
+        }
+    }
+
+    fn one(part: DstPart<'p>) -> Parts<'p> {
+        Parts {
+            one: Some(part),
+            many: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl<'p> Iterator for Parts<'p> {
+    type Item = DstPart<'p>;
+
+    fn next(&mut self) -> Option<DstPart<'p>> {
+        self.one.take().or_else(|| self.many.next())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::from(self.one.is_some()) + self.many.len();
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Parts<'_> {}
 
 /// A tile of a destination: rows `rows` (flat over dimensions 1..3) by columns `cols`
 /// (elements of dimension 0). Parts of one split never overlap, so each can go to its own
@@ -609,7 +655,7 @@ mod tests {
         let mut arena = Arena::new([(BufferId(1), bytes.as_mut_slice())]);
         let dst = contiguous(0, [4, 4, 1, 1]);
         let mut node = arena.node(&dst, &[]).unwrap();
-        let mut parts = node.dst.split_grid(2, 2);
+        let mut parts: Vec<_> = node.dst.split_grid(2, 2).collect();
         assert_eq!(parts.len(), 4);
         let p = &mut parts[3];
         assert_eq!((p.rows(), p.cols()), (2..4, 2..4));
@@ -633,7 +679,7 @@ mod tests {
         let mut arena = Arena::new([(BufferId(1), bytes.as_mut_slice())]);
         let dst = f32_layout(0, [4, 3, 1, 1], [4, 8, 48, 48]);
         let mut node = arena.node(&dst, &[]).unwrap();
-        let parts = node.dst.split_rows(1);
+        let parts: Vec<_> = node.dst.split_rows(1).collect();
         assert_eq!(parts.len(), 1);
         assert_eq!((parts[0].rows(), parts[0].cols()), (0..3, 0..4));
     }

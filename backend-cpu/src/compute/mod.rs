@@ -23,6 +23,7 @@
 //! * `plan/`: the per-op shape, type and parameter rules (`mod.rs` the shared types and the
 //!   dispatch from op to checker, one file per op family as in `ops/`);
 //! * `pool.rs`: the threads (a persistent pool per backend);
+//! * `scratch.rs`: per-thread spare vectors for the kernels' scratch rows;
 //! * `ops/`: the kernels, one file per op family (its module documentation lists them);
 //! * `quant/`: ggml's quantized formats (dequantize, quantize, dot products).
 
@@ -31,6 +32,7 @@ mod ops;
 mod plan;
 mod pool;
 pub(crate) mod quant;
+mod scratch;
 mod view;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -98,26 +98,30 @@ impl Pool {
     /// then skipped).
     pub(crate) fn run<T: Send>(
         &self,
-        items: Vec<T>,
+        items: impl IntoIterator<Item = T, IntoIter: ExactSizeIterator>,
         work: &(dyn Fn(T) -> Result<()> + Sync),
     ) -> Result<()> {
         self.run_with(items, || (), |_, item| work(item))
     }
 
     /// [`Pool::run`] with scratch state: `init` makes a state (buffers, caches) that `work`
-    /// reuses for the items one thread runs in a row, so items need not allocate.
+    /// reuses for the items one thread runs in a row, so items need not allocate. With one
+    /// thread, or one item, everything runs on the calling thread, without collecting the
+    /// items into a list first.
     pub(crate) fn run_with<T: Send, S>(
         &self,
-        items: Vec<T>,
+        items: impl IntoIterator<Item = T, IntoIter: ExactSizeIterator>,
         init: impl Fn() -> S + Sync + Send,
         work: impl Fn(&mut S, T) -> Result<()> + Sync + Send,
     ) -> Result<()> {
+        let items = items.into_iter();
         if self.threads == 1 || items.len() <= 1 {
             let mut state = init();
             return items
                 .into_iter()
                 .try_for_each(|item| work(&mut state, item));
         }
+        let items: Vec<T> = items.collect();
         match self.workers() {
             Some(workers) => workers.install(|| {
                 items
@@ -148,7 +152,7 @@ mod tests {
         let pool = Pool::new(4);
         let seen: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
         let threads = Mutex::new(HashSet::new());
-        pool.run((0..100).collect(), &|i: usize| {
+        pool.run(0..100, &|i: usize| {
             seen[i].fetch_add(1, Ordering::Relaxed);
             threads.lock().unwrap().insert(std::thread::current().id());
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -163,7 +167,7 @@ mod tests {
     fn reports_an_error_and_stops() {
         let pool = Pool::new(3);
         let ran = AtomicUsize::new(0);
-        let result = pool.run((0..1000).collect(), &|i: usize| {
+        let result = pool.run(0..1000, &|i: usize| {
             ran.fetch_add(1, Ordering::Relaxed);
             if i == 5 {
                 Err(Error::Backend("five".into()))

@@ -246,8 +246,8 @@ fn write_out(
     let snap_len = written * state_len;
     let rows = dst.layout().rows();
     let mut parts = dst.split_rows(rows);
-    let part = parts
-        .first_mut()
+    let part = &mut parts
+        .next()
         .ok_or_else(|| internal("GATED_DELTA_NET without a destination part"))?;
     let mut row = vec![0.0f32; width];
     let mut bytes = vec![0u8; width * 4];

@@ -10,6 +10,7 @@ use proto_core::{Error, Result};
 
 use crate::compute::memory::Dst;
 use crate::compute::plan::{BinaryOp, MapOp};
+use crate::compute::scratch;
 
 use super::{map_rows, Node};
 
@@ -23,7 +24,7 @@ pub(super) fn binary(node: &Node<'_>, dst: Dst<'_>, op: BinaryOp) -> Result<()> 
         dst,
         a,
         1,
-        || (vec![0.0f32; ne10], Vec::new()),
+        || (scratch::zeroed::<f32>(ne10), scratch::zeroed::<u8>(0)),
         |(row, scratch), part, [i1, i2, i3], x, y| {
             b.load_f32(
                 part,
@@ -53,7 +54,7 @@ pub(super) fn add1(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
         dst,
         a,
         1,
-        || (vec![0.0f32; 1], Vec::new()),
+        || (scratch::zeroed::<f32>(1), scratch::zeroed::<u8>(0)),
         |(scalar, scratch), part, _, x, y| {
             // the scalar is re-read per row: it may be the (one-element) destination itself
             b.load_f32(part, [0, 0, 0], scalar, scratch)?;
@@ -109,7 +110,7 @@ pub(super) fn add_id(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
         dst,
         a,
         1,
-        || vec![0.0f32; ne0],
+        || scratch::zeroed::<f32>(ne0),
         |row, _, [i1, i2, _], x, y| {
             b.load_f32([id_of(i1, i2)?, 0, 0], row)?;
             y.iter_mut()

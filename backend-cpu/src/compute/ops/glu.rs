@@ -13,6 +13,7 @@ use proto_core::Result;
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::plan::GluParams;
 use crate::compute::quant;
+use crate::compute::scratch;
 use crate::compute::view::encode;
 use proto_core::ggml::GluOp;
 
@@ -97,10 +98,10 @@ pub(super) fn glu(node: &Node<'_>, mut dst: Dst<'_>, params: GluParams) -> Resul
     let chunk = node.pool.chunk(layout.rows(), nc * 8);
     let parts = dst.split_rows(chunk);
     node.pool.run(parts, &|mut part: DstPart<'_>| {
-        let mut row_a = vec![0.0f32; ne00];
-        let mut row_b = vec![0.0f32; if b.is_some() { ne00 } else { 0 }];
-        let mut y = vec![0.0f32; nc];
-        let mut bytes = vec![0u8; nc * scalar.size()];
+        let mut row_a = scratch::zeroed::<f32>(ne00);
+        let mut row_b = scratch::zeroed::<f32>(if b.is_some() { ne00 } else { 0 });
+        let mut y = scratch::zeroed::<f32>(nc);
+        let mut bytes = scratch::zeroed::<u8>(nc * scalar.size());
         for r in part.rows() {
             let idx = layout.row_index(r);
             a.load_f32(idx, &mut row_a)?;

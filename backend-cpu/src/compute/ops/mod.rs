@@ -69,6 +69,7 @@ use proto_core::Result;
 use super::memory::{Arena, Dst, DstPart, NodeMemory, Src};
 use super::plan::{Kernel, Step};
 use super::pool::Pool;
+use super::scratch;
 use super::view::{encode, internal, Input, Layout, Scalar, SrcView};
 
 /// What the nodes of one graph computation may reuse from earlier nodes of it.
@@ -248,8 +249,11 @@ pub(super) fn map_rows<S>(
     let parts = dst.split_rows(chunk);
     node.pool.run_with(
         parts,
-        || (init(), RowScratch::take(ne0)),
-        |(state, RowScratch { x, y, bytes }), mut part: DstPart<'_>| {
+        || {
+            let (x, y) = (scratch::zeroed::<f32>(ne0), scratch::zeroed::<f32>(ne0));
+            (init(), x, y, scratch::zeroed::<u8>(0))
+        },
+        |(state, x, y, bytes), mut part: DstPart<'_>| {
             for r in part.rows() {
                 let idx = layout.row_index(r);
                 src.load_f32(&part, idx, x, bytes)?;
@@ -266,49 +270,6 @@ pub(super) fn map_rows<S>(
             Ok(())
         },
     )
-}
-
-/// The f32 rows and byte row of a `map_rows` work item, zeroed as fresh ones would be but
-/// taken from (and given back to, on drop) the thread's own spare set: a decode step runs
-/// dozens of row nodes, each of which would otherwise allocate them.
-struct RowScratch {
-    x: Vec<f32>,
-    y: Vec<f32>,
-    bytes: Vec<u8>,
-}
-
-/// `x`, `y` and `bytes` of a [`RowScratch`] between work items.
-type SpareRows = (Vec<f32>, Vec<f32>, Vec<u8>);
-
-thread_local! {
-    static SPARE_ROWS: std::cell::Cell<Option<SpareRows>> = const { std::cell::Cell::new(None) };
-}
-
-impl RowScratch {
-    /// Two zeroed rows of `ne0` values and an empty byte row.
-    fn take(ne0: usize) -> RowScratch {
-        let (mut x, mut y, mut bytes) = SPARE_ROWS.take().unwrap_or_default();
-        for row in [&mut x, &mut y] {
-            row.clear();
-            row.resize(ne0, 0.0);
-        }
-        bytes.clear();
-        RowScratch { x, y, bytes }
-    }
-}
-
-impl Drop for RowScratch {
-    fn drop(&mut self) {
-        let rows = (
-            std::mem::take(&mut self.x),
-            std::mem::take(&mut self.y),
-            std::mem::take(&mut self.bytes),
-        );
-        // Rows of a huge node are not kept: the spare set stays small.
-        if rows.0.capacity() + rows.1.capacity() <= 1 << 20 {
-            SPARE_ROWS.set(Some(rows));
-        }
-    }
 }
 
 /// Runs `fill(state, idx, row)` for every destination row `idx` (`ne0` f32 values), split
@@ -329,7 +290,10 @@ pub(super) fn fill_rows<S>(
     let parts = dst.split_rows(chunk);
     node.pool.run_with(
         parts,
-        || (init(), vec![0.0f32; ne0], vec![0u8; ne0 * scalar.size()]),
+        || {
+            let row = scratch::zeroed::<f32>(ne0);
+            (init(), row, scratch::zeroed::<u8>(ne0 * scalar.size()))
+        },
         |(state, row, bytes), mut part: DstPart<'_>| {
             for r in part.rows() {
                 let idx = layout.row_index(r);

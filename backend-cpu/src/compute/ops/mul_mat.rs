@@ -364,6 +364,51 @@ impl Scratch {
         self.out.resize(width, 0.0);
         self.bytes.resize(width * 4, 0);
     }
+
+    /// The calling thread's buffers, kept from one MUL_MAT node to the next: a decode step's
+    /// output projection alone wants a result buffer of the whole vocabulary per group row,
+    /// which allocating and zeroing per node cost about 1 % of a generated token.
+    fn kept() -> KeptScratch {
+        KeptScratch(KEPT_SCRATCH.take())
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        4 * (self.tile.capacity() + self.out.capacity() + self.group.capacity())
+            + self.bytes.capacity()
+    }
+}
+
+/// [`Scratch::kept`]'s buffers, given back to the thread on drop.
+struct KeptScratch(Scratch);
+
+impl std::ops::Deref for KeptScratch {
+    type Target = Scratch;
+    fn deref(&self) -> &Scratch {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KeptScratch {
+    fn deref_mut(&mut self) -> &mut Scratch {
+        &mut self.0
+    }
+}
+
+impl Drop for KeptScratch {
+    fn drop(&mut self) {
+        let scratch = std::mem::take(&mut self.0);
+        // a huge node's buffers are freed rather than held for the thread's lifetime
+        if scratch.capacity_bytes() <= KEPT_SCRATCH_BYTES {
+            KEPT_SCRATCH.set(scratch);
+        }
+    }
+}
+
+/// The most [`KeptScratch`] keeps per thread.
+const KEPT_SCRATCH_BYTES: usize = 64 << 20;
+
+thread_local! {
+    static KEPT_SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
 }
 
 /// Weight rows per tile: about [`TILE_WEIGHT_BYTES`] of weights (widened to f32, or as
@@ -448,7 +493,8 @@ pub(super) fn mul_mat(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     };
     let parts = dst.split_grid(TILE_ROWS, cols);
     node.pool
-        .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+        .run_with(parts, Scratch::kept, |kept, mut part: DstPart<'_>| {
+            let scratch: &mut Scratch = kept;
             let cols = part.cols();
             let s = (r2, r3);
             if let Prepared::Tiles(rows) = &prepared {
@@ -661,8 +707,13 @@ fn grouped_part<'w, Y: Copy, const N: usize>(
 ) -> Result<()> {
     let cols = part.cols();
     let width = cols.len();
-    scratch.out.resize(N * width, 0.0);
-    scratch.group.resize(N * width, 0.0);
+    // grown only (every value used is written first), so a buffer kept from a wider node
+    // is not zeroed again
+    for buf in [&mut scratch.out, &mut scratch.group] {
+        if buf.len() < N * width {
+            buf.resize(N * width, 0.0);
+        }
+    }
     let mut w: Option<((usize, usize), quant::StridedRows<'w>)> = None;
     // the kernel on widened weights, and the matrix whose tile `tile` holds widened (a
     // buffer kept by the thread from node to node: no allocation and zero fill per node)
@@ -788,7 +839,8 @@ pub(super) fn mul_mat_id(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let cols = col_chunk(&weights);
     let parts = dst.split_grid(layout.rows(), cols);
     node.pool
-        .run_with(parts, Scratch::default, |scratch, mut part: DstPart<'_>| {
+        .run_with(parts, Scratch::kept, |kept, mut part: DstPart<'_>| {
+            let scratch: &mut Scratch = kept;
             let cols = part.cols();
             let rows = part.rows();
             scratch.size(cols.len(), if weights.widen { k } else { 0 });

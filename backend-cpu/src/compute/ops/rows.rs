@@ -17,6 +17,7 @@
 use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
+use crate::compute::scratch;
 use crate::compute::view::{encode_row, internal, Scalar, SrcView};
 use proto_core::ggml::types::id as ty;
 
@@ -95,8 +96,8 @@ pub(super) fn get_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     let chunk = node.pool.chunk(layout.rows(), ne0);
     let parts = dst.split_rows(chunk);
     node.pool.run(parts, &|mut part: DstPart<'_>| {
-        let mut values = vec![0.0f32; ne0];
-        let mut bytes = vec![0u8; layout.row_bytes()];
+        let mut values = scratch::zeroed::<f32>(ne0);
+        let mut bytes = scratch::zeroed::<u8>(layout.row_bytes());
         for r in part.rows() {
             let [i10, i11, i12] = layout.row_index(r);
             let id = checked(rows.index_at([i10, i11, i12, 0]), ne01, GET_ROWS_ID)?;
@@ -157,8 +158,8 @@ pub(super) fn set_rows(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
         if !rows.start.is_multiple_of(ne1) || !rows.end.is_multiple_of(ne1) {
             return Err(internal("SET_ROWS part not made of whole planes"));
         }
-        let mut values = vec![0.0f32; al.ne[0]];
-        let mut bytes = Vec::new();
+        let mut values = scratch::zeroed::<f32>(al.ne[0]);
+        let mut bytes = scratch::zeroed::<u8>(0);
         for plane in rows.start / ne1..rows.end / ne1 {
             let (i02, i03) = (plane % layout.ne[2], plane / layout.ne[2]);
             // the ids of this plane: `ids[i, i02 % ne11, i03 % ne12]` for every `i`, in the

@@ -202,8 +202,8 @@ fn store_wkv(wkv: &Wkv, tokens: usize, dst: &mut Dst<'_>, outs: Vec<Option<WkvOu
     let width = n * wkv.heads;
     let mut bytes = Vec::new();
     let mut parts = dst.split_rows(usize::MAX);
-    let part = parts
-        .first_mut()
+    let part = &mut parts
+        .next()
         .ok_or_else(|| internal("a recurrence's destination has no part"))?;
     for out in &outs {
         let out = out

@@ -5,6 +5,7 @@ use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
+use crate::compute::scratch;
 use crate::compute::view::{encode, f16_to_f32, Scalar};
 
 use super::super::fa_accumulate::{mad_f16, mad_f32, scale_f16};
@@ -31,20 +32,30 @@ pub(super) fn run(att: &Attention<'_>, vdt: u32, node: &Node<'_>, mut dst: Dst<'
     let chunk = node.pool.chunk(layout.rows(), n_kv * (dk + dv));
     let parts = dst.split_rows(chunk);
     node.pool.run(parts, &|mut part: DstPart<'_>| {
-        let mut qrow = vec![0.0f32; dk];
-        let mut qconv = vec![0u8; q_bytes];
-        let mut vrow = vec![0.0f32; dv];
-        let mut mrow = vec![0.0f32; att.mask.map_or(0, |m| m.layout.ne[0])];
-        let mut acc16 = vec![0u16; if v_f16 { dv } else { 0 }];
-        let mut acc = vec![0.0f32; dv];
-        let mut bytes = vec![0u8; dv * 4];
+        let mut qrow = scratch::zeroed::<f32>(dk);
+        let mut qconv = scratch::zeroed::<u8>(q_bytes);
+        let mut vrow = scratch::zeroed::<f32>(dv);
+        let mut mrow = scratch::zeroed::<f32>(att.mask.map_or(0, |m| m.layout.ne[0]));
+        let mut acc16 = scratch::zeroed::<u16>(if v_f16 { dv } else { 0 });
+        let mut acc = scratch::zeroed::<f32>(dv);
+        let mut bytes = scratch::zeroed::<u8>(dv * 4);
+        // the mask row in `mrow`, and the live key count for it at a slope (bits)
+        let mut mask_at: Option<[usize; 3]> = None;
+        let mut live_for: Option<(u32, usize)> = None;
         for r in part.rows() {
             let [h, iq1, iq3] = layout.row_index(r);
             att.q.load_f32([iq1, h, iq3], &mut qrow)?;
             quant::quantize_row(vdt, &qrow, &mut qconv)?;
             let slope = alibi_slope(att.max_bias, n_head, h);
+            // The heads of one query share its mask row (usually): loaded and searched once.
+            let mut fresh = false;
             if let Some(m) = &att.mask {
-                m.load_f32([iq1, h % m.layout.ne[2], iq3 % m.layout.ne[3]], &mut mrow)?;
+                let at = [iq1, h % m.layout.ne[2], iq3 % m.layout.ne[3]];
+                if mask_at != Some(at) {
+                    m.load_f32(at, &mut mrow)?;
+                    mask_at = Some(at);
+                    fresh = true;
+                }
             }
             let (ik2, ik3) = (h / att.rk[0], iq3 / att.rk[1]);
             let (iv2, iv3) = (h / att.rv[0], iq3 / att.rv[1]);
@@ -54,13 +65,20 @@ pub(super) fn run(att: &Attention<'_>, vdt: u32, node: &Node<'_>, mut dst: Dst<'
             let mut sum = 0.0f32;
             // Keys after the last one the mask lets through are skipped below anyway (the
             // KV cache is padded well past the context in generation): stop there.
-            let live = if mrow.len() < n_kv {
-                n_kv
-            } else {
-                mrow[..n_kv]
-                    .iter()
-                    .rposition(|&m| slope * m != f32::NEG_INFINITY)
-                    .map_or(0, |last| last + 1)
+            let live = match live_for {
+                Some((s, live)) if !fresh && s == slope.to_bits() => live,
+                _ => {
+                    let live = if mrow.len() < n_kv {
+                        n_kv
+                    } else {
+                        mrow[..n_kv]
+                            .iter()
+                            .rposition(|&m| slope * m != f32::NEG_INFINITY)
+                            .map_or(0, |last| last + 1)
+                    };
+                    live_for = Some((slope.to_bits(), live));
+                    live
+                }
             };
             for c in 0..live {
                 // (no mask: `mrow` is empty)
@@ -102,7 +120,7 @@ pub(super) fn run(att: &Attention<'_>, vdt: u32, node: &Node<'_>, mut dst: Dst<'
             }
             if v_f16 {
                 acc.iter_mut()
-                    .zip(&acc16)
+                    .zip(acc16.iter())
                     .for_each(|(a, &h)| *a = f16_to_f32(h));
             }
             if let Some(sinks) = &att.sinks {

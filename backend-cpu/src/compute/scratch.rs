@@ -1,0 +1,143 @@
+//! Per-thread spare vectors for kernels' scratch rows.
+//!
+//! A decode step runs dozens of small nodes, each of which needs a few rows of scratch per
+//! work item; allocating and freeing them every time was a measurable part of a generated
+//! token's server time outside the matrix products. [`zeroed`] hands out a vector of the
+//! length asked, zeroed as a fresh one would be, taken from the calling thread's spares when
+//! it has one; dropping the [`Scratch`] gives it back. Nothing is shared between threads, and
+//! a thread keeps only a few vectors of bounded size, so memory stays small.
+
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+use std::thread::LocalKey;
+
+/// Spare vectors a thread keeps per element type.
+const KEPT: usize = 8;
+
+/// Vectors above this many bytes of capacity are freed instead of kept.
+const KEPT_BYTES: usize = 4 << 20;
+
+/// An element type with a per-thread spare list.
+pub(crate) trait Spare: Copy + Default + 'static {
+    /// The calling thread's spares of this type.
+    fn spares() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+macro_rules! spare_type {
+    ($($t:ty => $key:ident),* $(,)?) => {$(
+        thread_local! {
+            static $key: RefCell<Vec<Vec<$t>>> = const { RefCell::new(Vec::new()) };
+        }
+        impl Spare for $t {
+            fn spares() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>> {
+                &$key
+            }
+        }
+    )*};
+}
+
+spare_type!(f32 => SPARE_F32, u8 => SPARE_U8, u16 => SPARE_U16);
+
+/// A scratch vector; derefs to `Vec<T>` (kernels may resize it) and goes back to the thread's
+/// spares on drop.
+#[derive(Debug)]
+pub(crate) struct Scratch<T: Spare>(Vec<T>);
+
+/// A vector of `len` zeros (`T::default()`), from the thread's spares when it has one: the
+/// smallest that holds `len`, else the largest (grown), so that small and large requests
+/// interleaving keep their own vectors instead of growing each other's.
+pub(crate) fn zeroed<T: Spare>(len: usize) -> Scratch<T> {
+    let mut v = T::spares()
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            let fits = |v: &Vec<T>| v.capacity() >= len;
+            let best = (0..s.len())
+                .filter(|&i| fits(&s[i]))
+                .min_by_key(|&i| s[i].capacity())
+                .or_else(|| (0..s.len()).max_by_key(|&i| s[i].capacity()));
+            best.map(|i| s.swap_remove(i))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    v.clear();
+    v.resize(len, T::default());
+    Scratch(v)
+}
+
+impl<T: Spare> Deref for Scratch<T> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T: Spare> DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.0
+    }
+}
+
+impl<T: Spare> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        if v.capacity() == 0 || v.capacity() * std::mem::size_of::<T>() > KEPT_BYTES {
+            return;
+        }
+        // During thread teardown the list may be gone: the vector is then simply freed.
+        let _ = T::spares().try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if s.len() < KEPT {
+                    s.push(v);
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reused_vectors_come_back_zeroed_and_sized() {
+        let ptr = {
+            let mut a = zeroed::<f32>(100);
+            a.iter_mut().for_each(|x| *x = 7.0);
+            a.push(1.0);
+            a.as_ptr()
+        };
+        let b = zeroed::<f32>(50);
+        assert_eq!(b.as_ptr(), ptr, "the spare was reused");
+        assert_eq!(b.len(), 50);
+        assert!(b.iter().all(|&x| x == 0.0));
+        let c = zeroed::<f32>(10);
+        assert_ne!(c.as_ptr(), b.as_ptr(), "two live scratches never share");
+    }
+
+    #[test]
+    fn the_best_fitting_spare_is_taken() {
+        let (small, large) = (zeroed::<f32>(16), zeroed::<f32>(4096));
+        let (small_ptr, large_ptr) = (small.as_ptr(), large.as_ptr());
+        drop(large);
+        drop(small);
+        let a = zeroed::<f32>(1000);
+        assert_eq!(a.as_ptr(), large_ptr, "the one that holds it");
+        let b = zeroed::<f32>(8);
+        assert_eq!(b.as_ptr(), small_ptr, "the small one, not a fresh vector");
+    }
+
+    #[test]
+    fn huge_vectors_are_not_kept() {
+        drop(zeroed::<u8>(KEPT_BYTES + 1));
+        let kept = SPARE_U8.with(|s| s.borrow().iter().map(|v| v.capacity()).max());
+        assert!(kept.unwrap_or(0) <= KEPT_BYTES);
+    }
+
+    #[test]
+    fn a_thread_keeps_a_bounded_number() {
+        let many: Vec<_> = (0..3 * KEPT).map(|_| zeroed::<u16>(4)).collect();
+        drop(many);
+        assert_eq!(SPARE_U16.with(|s| s.borrow().len()), KEPT);
+    }
+}
