@@ -1,6 +1,6 @@
 //! Blocking socket steps every comm link stage shares, each bounded by a deadline.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -167,9 +167,8 @@ pub(super) fn read_up_to(
         Some(transport) => return transport.read_up_to(max.max(1), left),
         None => &mut stream.tcp,
     };
-    stream.socket().set_read_timeout(Some(left))?;
     let mut buf = vec![0u8; max.max(1)];
-    match stream.read(&mut buf) {
+    match stream.read_by(&mut buf, deadline) {
         Ok(n) => {
             buf.truncate(n);
             Ok(buf)

@@ -7,7 +7,10 @@
 //! byte for byte the reference's link.
 //!
 //! The handshake runs before any byte of the link, its every wait bounded by the comm timeout
-//! (in total, not per read). rustls's blocking `StreamOwned` carries the records afterwards.
+//! (in total, not per read). rustls's blocking `StreamOwned` carries the records afterwards;
+//! the link reads through [`CommStream::read_by`], which ends by its deadline however slowly a
+//! peer delivers a record (`StreamOwned`'s own read waits for a whole record, one socket read
+//! after another, each bounded only by itself).
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -94,6 +97,65 @@ impl CommStream {
             CommStream::Client(tls) => &tls.sock,
             CommStream::Server(tls) => &tls.sock,
         }
+    }
+}
+
+impl CommStream {
+    /// Reads at most `buf.len()` bytes (at least one unless EOF: `Ok(0)`) by `deadline`: a
+    /// peer that delivers a TLS record a byte at a time cannot hold the read past it.
+    /// `TimedOut` once it has passed.
+    pub(crate) fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> io::Result<usize> {
+        match self {
+            CommStream::Plain(stream) => {
+                stream.set_read_timeout(Some(time_left(deadline)?))?;
+                stream.read(buf)
+            }
+            CommStream::Client(tls) => read_tls_by(&mut tls.conn, &mut tls.sock, buf, deadline),
+            CommStream::Server(tls) => read_tls_by(&mut tls.conn, &mut tls.sock, buf, deadline),
+        }
+    }
+}
+
+/// The time left to `deadline`, `TimedOut` if none.
+fn time_left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(io::ErrorKind::TimedOut.into())
+    } else {
+        Ok(left)
+    }
+}
+
+/// [`CommStream::read_by`] over TLS: plaintext already decrypted first; else one socket read
+/// at a time, each bounded by the time left, until a record completes.
+fn read_tls_by<D: SideData>(
+    conn: &mut ConnectionCommon<D>,
+    sock: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<usize> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(n) => return Ok(n),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+        // What rustls has to say first (an alert, a key update's answer): the socket's write
+        // timeout bounds it as any write of the link.
+        while conn.wants_write() {
+            conn.write_tls(sock)?;
+        }
+        sock.set_read_timeout(Some(time_left(deadline)?))?;
+        if conn.read_tls(sock)? == 0 {
+            // EOF without close_notify: the next `reader().read` says so
+            conn.process_new_packets().map_err(io::Error::other)?;
+            return match conn.reader().read(buf) {
+                Ok(n) => Ok(n),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                Err(error) => Err(error),
+            };
+        }
+        conn.process_new_packets().map_err(io::Error::other)?;
     }
 }
 
@@ -355,6 +417,100 @@ mod tests {
                 started.elapsed()
             );
         }
+    }
+
+    #[test]
+    fn a_read_ends_by_its_deadline_while_a_peer_trickles_a_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("comm CA");
+        let (a, b) = (
+            comm_tls(dir.path(), &ca, "a"),
+            comm_tls(dir.path(), &ca, "b"),
+        );
+        let timeout = Duration::from_secs(5);
+        let (connected, accepted) = pair();
+        let b1 = b.clone();
+        let peer = std::thread::spawn(move || {
+            secure(accepted, Side::Accepted, "peer", Some(&b1), far(), timeout).unwrap()
+        });
+        let mut ours = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap();
+        let CommStream::Server(mut peer) = peer.join().unwrap() else {
+            panic!("the accepting end is a TLS server");
+        };
+        // One record of "hello", sent a byte every 20 ms (about half a second in all).
+        peer.conn.writer().write_all(b"hello").unwrap();
+        let mut record = Vec::new();
+        while peer.conn.wants_write() {
+            peer.conn.write_tls(&mut record).unwrap();
+        }
+        assert!(record.len() > 20, "{} bytes", record.len());
+        let trickle = |mut sock: TcpStream, bytes: Vec<u8>| {
+            std::thread::spawn(move || {
+                for byte in bytes {
+                    if sock.write_all(&[byte]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let sender = trickle(peer.sock.try_clone().unwrap(), record.clone());
+        let mut buf = [0u8; 16];
+        let started = Instant::now();
+        let error = ours
+            .read_by(&mut buf, Instant::now() + Duration::from_millis(150))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{error}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            started.elapsed()
+        );
+        sender.join().unwrap();
+
+        // The same trickle with time enough: the record arrives whole.
+        let (connected, accepted) = pair();
+        let peer = std::thread::spawn(move || {
+            secure(accepted, Side::Accepted, "peer", Some(&b), far(), timeout).unwrap()
+        });
+        let mut ours = secure(
+            connected,
+            Side::Connected,
+            "127.0.0.1",
+            Some(&a),
+            far(),
+            timeout,
+        )
+        .unwrap();
+        let CommStream::Server(mut peer) = peer.join().unwrap() else {
+            panic!("the accepting end is a TLS server");
+        };
+        peer.conn.writer().write_all(b"hello").unwrap();
+        let mut record = Vec::new();
+        while peer.conn.wants_write() {
+            peer.conn.write_tls(&mut record).unwrap();
+        }
+        let sender = trickle(peer.sock.try_clone().unwrap(), record);
+        let n = ours.read_by(&mut buf, far()).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        sender.join().unwrap();
+        // and a closed peer reads as EOF (an error without close_notify, never a hang)
+        drop(peer);
+        let _ = ours.read_by(&mut buf, Instant::now() + Duration::from_secs(2));
     }
 
     #[test]
