@@ -105,20 +105,16 @@ impl LinkTransport for RdmaLink {
         self.0.send(data).map_err(comm_error)
     }
 
-    fn read_up_to(&mut self, max: usize, within: Duration) -> Result<Vec<u8>, CommError> {
-        let mut buf = vec![0u8; max.max(1)];
+    fn read_into(&mut self, buf: &mut [u8], within: Duration) -> Result<usize, CommError> {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            return match self.0.recv(&mut buf, left) {
-                // A zero-length SEND carries nothing: wait on (an empty read means EOF here).
+            return match self.0.recv(buf, left) {
+                // A zero-length SEND carries nothing: wait on (0 means EOF here).
                 Ok(Some(0)) if !left.is_zero() => continue,
                 Ok(Some(0)) | Ok(None) => Err(comm_error(StreamError::Stalled(within))),
-                Ok(Some(n)) => {
-                    buf.truncate(n);
-                    Ok(buf)
-                }
-                Err(StreamError::PeerGone) => Ok(Vec::new()),
+                Ok(Some(n)) => Ok(n),
+                Err(StreamError::PeerGone) => Ok(0),
                 Err(error) => Err(comm_error(error)),
             };
         }

@@ -151,28 +151,38 @@ fn write_tcp(
     })
 }
 
-/// Reads at most `max` bytes (at least one unless EOF) before `deadline`, over the link's
-/// transport; empty at EOF.
-pub(super) fn read_up_to(
+/// The most one read of the link takes: a machine's `wanted` is everything it still expects
+/// (a whole all-reduce payload), and the read buffer is sized for one read, not for that.
+const READ_CHUNK: usize = 1 << 20;
+
+/// Reads at most `max` bytes (at least one unless EOF, at most [`READ_CHUNK`]) before
+/// `deadline`, over the link's transport, into `buf` (kept by the caller from read to read,
+/// grown to what one read takes, so no read allocates or zeroes); empty at EOF.
+pub(super) fn read_up_to<'b>(
     stream: &mut LinkStream,
     max: usize,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Vec<u8>, CommError> {
+    buf: &'b mut Vec<u8>,
+) -> Result<&'b [u8], CommError> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(timed_out(timeout));
     }
+    let want = max.clamp(1, READ_CHUNK);
+    if buf.len() < want {
+        buf.resize(want, 0);
+    }
+    let room = &mut buf[..want];
     let stream = match stream.transport() {
-        Some(transport) => return transport.read_up_to(max.max(1), left),
+        Some(transport) => {
+            let n = transport.read_into(room, left)?;
+            return Ok(&buf[..n]);
+        }
         None => &mut stream.tcp,
     };
-    let mut buf = vec![0u8; max.max(1)];
-    match stream.read_by(&mut buf, deadline) {
-        Ok(n) => {
-            buf.truncate(n);
-            Ok(buf)
-        }
+    match stream.read_by(room, deadline) {
+        Ok(n) => Ok(&buf[..n]),
         Err(error)
             if matches!(
                 error.kind(),
@@ -204,5 +214,36 @@ pub(super) fn offer(
 pub(super) fn timed_out(timeout: Duration) -> CommError {
     CommError::Timeout {
         millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+
+    use super::super::secure::CommStream;
+    use super::super::transport::CommTransport;
+    use super::*;
+
+    #[test]
+    fn the_read_buffer_is_sized_for_one_read_not_for_everything_wanted() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (_, mut stream) = CommTransport::tcp().offer(CommStream::Plain(accepted));
+        let timeout = Duration::from_secs(5);
+        let mut buf = Vec::new();
+        for round in 0..3u8 {
+            peer.write_all(&[round; 10]).unwrap();
+            // an all-reduce of a terabyte still to come: one read takes what arrived
+            let deadline = Instant::now() + timeout;
+            let got = read_up_to(&mut stream, 1 << 40, deadline, timeout, &mut buf).unwrap();
+            assert_eq!(got, &[round; 10]);
+            assert!(buf.len() <= READ_CHUNK, "{}", buf.len());
+        }
+        drop(peer);
+        let deadline = Instant::now() + timeout;
+        let got = read_up_to(&mut stream, 1 << 40, deadline, timeout, &mut buf).unwrap();
+        assert!(got.is_empty(), "EOF reads empty");
     }
 }

@@ -19,6 +19,8 @@ pub struct CommLink {
     stream: LinkStream,
     rank: u32,
     timeout: Duration,
+    /// The read buffer, kept from one all-reduce to the next.
+    read_buf: Vec<u8>,
 }
 
 impl CommLink {
@@ -28,6 +30,7 @@ impl CommLink {
             stream,
             rank,
             timeout,
+            read_buf: Vec::new(),
         }
     }
 
@@ -88,12 +91,19 @@ impl CommLink {
             // Each wait is bounded, not the whole exchange: a large tensor on a slow link that
             // keeps moving may take longer than the timeout.
             let deadline = Instant::now() + self.timeout;
-            let data = io::read_up_to(&mut self.stream, machine.wanted(), deadline, self.timeout)?;
+            let wanted = machine.wanted();
+            let data = io::read_up_to(
+                &mut self.stream,
+                wanted,
+                deadline,
+                self.timeout,
+                &mut self.read_buf,
+            )?;
             if data.is_empty() {
                 machine.handle_close()?;
                 return Err(CommError::ConnectionClosed { peer: None });
             }
-            io::offer(&data, |piece| machine.handle_input(piece))?;
+            io::offer(data, |piece| machine.handle_input(piece))?;
         }
         machine.into_result()
     }
@@ -124,6 +134,7 @@ pub(super) fn drive_handshake(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(), CommError> {
+    let mut buf = Vec::new();
     loop {
         let mut progressed = false;
         while let Some(transmit) = handshake.poll_transmit() {
@@ -141,11 +152,11 @@ pub(super) fn drive_handshake(
         if progressed {
             continue;
         }
-        let data = io::read_up_to(stream, handshake.wanted(), deadline, timeout)?;
+        let data = io::read_up_to(stream, handshake.wanted(), deadline, timeout, &mut buf)?;
         if data.is_empty() {
             handshake.handle_close()?;
             return Err(CommError::ConnectionClosed { peer: None });
         }
-        io::offer(&data, |piece| handshake.handle_input(piece))?;
+        io::offer(data, |piece| handshake.handle_input(piece))?;
     }
 }

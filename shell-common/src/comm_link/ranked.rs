@@ -111,6 +111,7 @@ impl Star {
         let listener = io::listen(port)?;
         let mut current: Option<LinkStream> = None;
         let mut joined = BTreeMap::new();
+        let mut buf = Vec::new();
         loop {
             let mut progressed = false;
             if let Some(stream) = current.as_mut() {
@@ -155,12 +156,12 @@ impl Star {
                     })
                 }
             };
-            let data = io::read_up_to(stream, wanted, deadline, timeout)?;
+            let data = io::read_up_to(stream, wanted, deadline, timeout, &mut buf)?;
             if data.is_empty() {
                 setup.handle_close()?;
                 return Err(CommError::ConnectionClosed { peer: None });
             }
-            io::offer(&data, |piece| setup.handle_input(piece))?;
+            io::offer(data, |piece| setup.handle_input(piece))?;
         }
         let streams: Vec<LinkStream> = joined.into_values().collect();
         let local_ip = match streams
@@ -238,6 +239,7 @@ impl Bootstrap for Star {
             Bytes::copy_from_slice(block),
             EXCHANGE_LIMIT,
         )?;
+        let mut buf = Vec::new();
         loop {
             while let Some(transmit) = exchange.poll_transmit() {
                 let stream = self.stream(transmit.peer.unwrap_or(0))?;
@@ -253,12 +255,12 @@ impl Bootstrap for Star {
                     operation: "bootstrap exchange waits on nothing",
                 })?;
             let wanted = exchange.wanted(from);
-            let data = io::read_up_to(self.stream(from)?, wanted, deadline, timeout)?;
+            let data = io::read_up_to(self.stream(from)?, wanted, deadline, timeout, &mut buf)?;
             if data.is_empty() {
                 exchange.handle_close(from)?;
                 return Err(CommError::ConnectionClosed { peer: Some(from) });
             }
-            io::offer(&data, |piece| exchange.handle_input(from, piece))?;
+            io::offer(data, |piece| exchange.handle_input(from, piece))?;
         }
     }
 

@@ -19,9 +19,9 @@ pub trait LinkTransport: Send + fmt::Debug {
     /// Writes one transport-level write (each part the reference writes on its own: a rank,
     /// a bootstrap block, an all-reduce payload), every wait bounded by the link's timeout.
     fn write(&mut self, data: &[u8]) -> Result<(), CommError>;
-    /// Reads at most `max` bytes (at least one), waiting at most `within`; empty when the
-    /// peer went away.
-    fn read_up_to(&mut self, max: usize, within: Duration) -> Result<Vec<u8>, CommError>;
+    /// Reads into `buf` (at least one byte; `buf` is not empty), waiting at most `within`;
+    /// 0 when the peer went away.
+    fn read_into(&mut self, buf: &mut [u8], within: Duration) -> Result<usize, CommError>;
 }
 
 /// Resources probed for one comm socket, activated with the peer's caps.

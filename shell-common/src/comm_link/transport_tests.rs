@@ -85,15 +85,18 @@ impl LinkTransport for Fake {
             .map_err(|_| CommError::ConnectionClosed { peer: None })
     }
 
-    fn read_up_to(&mut self, max: usize, within: Duration) -> Result<Vec<u8>, CommError> {
+    fn read_into(&mut self, buf: &mut [u8], within: Duration) -> Result<usize, CommError> {
         if self.pending.is_empty() {
             match self.rx.lock().unwrap().recv_timeout(within) {
                 Ok(data) => self.pending = data,
                 Err(_) => return Err(CommError::Timeout { millis: 0 }),
             }
         }
-        let take = max.min(self.pending.len());
-        Ok(self.pending.drain(..take).collect())
+        let take = buf.len().min(self.pending.len());
+        for (out, byte) in buf.iter_mut().zip(self.pending.drain(..take)) {
+            *out = byte;
+        }
+        Ok(take)
     }
 }
 
