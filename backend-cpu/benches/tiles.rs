@@ -11,7 +11,8 @@
 //!   models' output projection), dispatched (warm and with cold caches) and for several row
 //!   groups and prefetch distances;
 //! * `float_gemm/<F16|F32>/*`: 256 x 256 weights by 64 activation rows, tiles of 3, 4 and 6
-//!   activation rows over 128 or 32 weight rows.
+//!   activation rows over 128 or 32 weight rows, and `pairs`: `vec_dot` per pair, what
+//!   MUL_MAT runs where the CPU has no register-blocked float kernel.
 //!
 //! Throughput is in weight bytes (`q0_*`, `float_row1`) or multiply-adds.
 //! `cargo bench -p backend-cpu --bench tiles` (add `-- --quick` for a short run).
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use backend_cpu::bench::{
     dot_float_row1_variant, dot_float_rows, dot_tile, dot_tile_variant, dot_tile_vl1_variant,
-    dot_tile_zmm_variant, type_id, vec_dot, FloatRows, Q8Row, Q8Rows, StridedRows, Q0,
+    dot_tile_zmm_variant, quantize_row, type_id, vec_dot, FloatRows, Q8Row, Q8Rows, StridedRows,
+    Q0,
 };
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
@@ -316,6 +318,24 @@ fn float_gemm(c: &mut Criterion) {
             )*};
         }
         tiles!(3, 128; 4, 128; 6, 128; 3, 32; 4, 32);
+        // what MUL_MAT does without a register-blocked kernel: `vec_dot` per pair, on the
+        // activations converted once to the weights' vec_dot type (F16 for F16 weights)
+        let t = type_id(&format!("{kind:?}").to_lowercase()).unwrap();
+        let mut yb = vec![0u8; kind.bytes() * k * acts];
+        quantize_row(t, &y, &mut yb).unwrap();
+        g.throughput(Throughput::Elements((k * rows * acts) as u64));
+        g.bench_function("pairs", |b| {
+            b.iter(|| {
+                let mut sum = 0f32;
+                for c in 0..rows {
+                    for r in 0..acts {
+                        let yr = &yb[r * rb..(r + 1) * rb];
+                        sum += vec_dot(t, k, &w[c * rb..(c + 1) * rb], yr).unwrap();
+                    }
+                }
+                black_box(sum)
+            })
+        });
         g.finish();
     }
 }

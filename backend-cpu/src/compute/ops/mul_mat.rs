@@ -25,12 +25,11 @@
 //! summation order (`quant::tiles`), whatever the grouping, so results do not depend on the
 //! tile shapes or the thread count either; `quant::vec_dot` gives the same bits. F16 weights
 //! (the attention products) take two weight rows per call of `quant::dot_f16_x2`, again
-//! with the bits of `quant::vec_dot`; with AVX-512 F both F16 and F32 weights take
+//! with the bits of `quant::vec_dot`; with AVX2 (or AVX-512 F) both F16 and F32 weights take
 //! register-blocked kernels instead (`quant::dot_float_rows`: four weight rows by three
-//! activation rows per step, like tinyBLAS's F32 tiles, on the wide tiles of the Q4_0 / Q8_0
-//! kernels; with a single activation row, as in generation, consecutive weight rows a few at
-//! a time with software prefetch, over a few long column ranges rather than cache-sized
-//! tiles), and Q4_K
+//! activation rows per call, like tinyBLAS's F32 tiles, on the wide tiles of the Q4_0 / Q8_0
+//! kernels; with a single activation row, as in generation, one weight row after the other,
+//! over a few long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
 //! for eight activation rows, sixteen with AVX-512 VNNI, in the wider tiles of the Q4_0 /
 //! Q8_0 kernels), all again with the bits of `quant::vec_dot`. A tile of F16 weights that six

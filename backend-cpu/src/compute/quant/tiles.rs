@@ -338,7 +338,7 @@ impl FloatRows {
 /// weight row `w.row(n)` (F16, or F32 little-endian bytes) with activation row `y[j]`, given
 /// as f32 values (for F16 weights the exact widenings of F16 values; the caller widens each
 /// activation row once rather than once per weight row). Weight rows go four at a time
-/// through a register-blocked kernel where the CPU has one (AVX-512), which keeps
+/// through a register-blocked kernel where the CPU has one (AVX-512 or AVX2), which keeps
 /// `vec_dot`'s 32 lanes, multiply-then-add and reduction per output, so every result has
 /// `vec_dot`'s bits whatever the grouping (that of [`dot_rows`]).
 pub fn dot_float_rows<const RN: usize>(
@@ -641,6 +641,11 @@ mod tests {
         assert!(dot_f16_x2(&[&[0u8; 4], &[0u8; 2]], &[0u8; 4]).is_err());
     }
 
+    /// The bits of a kernel's results, for comparisons.
+    fn bits<const RN: usize>(out: &[[f32; RN]]) -> Vec<[u32; RN]> {
+        out.iter().map(|o| o.map(f32::to_bits)).collect()
+    }
+
     /// The register-blocked F16 rows give each pair's `vec_dot` bits (portable and
     /// dispatched), for every grouping of the weight rows, with and without a tail.
     #[test]
@@ -673,6 +678,35 @@ mod tests {
             dot_float_rows(FloatRows::F16, sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
             dot_float_rows(FloatRows::F16, sw, &[yr[1]], &mut one).unwrap();
+            // two and six activation rows: the other register blockings of the kernels
+            let mut two = vec![[0f32; 2]; 7];
+            dot_float_rows(FloatRows::F16, sw, &[yr[2], yr[0]], &mut two).unwrap();
+            let mut six = vec![[0f32; 6]; 7];
+            let yr6: [&[f32]; 6] = std::array::from_fn(|j| yr[(j + 1) % 3]);
+            dot_float_rows(FloatRows::F16, sw, &yr6, &mut six).unwrap();
+            // the AVX2 kernels too where the dispatch takes the AVX-512 ones
+            let mut ymm3 = vec![[0f32; 3]; 7];
+            let mut ymm1 = vec![[0f32; 1]; 7];
+            let mut ymm6 = vec![[0f32; 6]; 7];
+            if simd::dot_float_rows_avx2(FloatRows::F16, sw, &yr, &mut ymm3) {
+                assert!(simd::dot_float_rows_avx2(
+                    FloatRows::F16,
+                    sw,
+                    &[yr[1]],
+                    &mut ymm1
+                ));
+                assert!(simd::dot_float_rows_avx2(
+                    FloatRows::F16,
+                    sw,
+                    &yr6,
+                    &mut ymm6
+                ));
+                assert_eq!(bits(&ymm3), bits(&out), "{len}");
+                assert_eq!(bits(&ymm1), bits(&one), "{len}");
+                assert_eq!(bits(&ymm6), bits(&six), "{len}");
+            } else {
+                assert!(!len.is_multiple_of(32) || !simd::avx2_active());
+            }
             let float = super::super::float::vec_dot_f16;
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
@@ -682,13 +716,20 @@ mod tests {
                     assert_eq!(FloatRows::F16.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
+                assert_eq!(
+                    two[n].map(f32::to_bits),
+                    [out[n][2], out[n][0]].map(f32::to_bits)
+                );
+                let want6: [u32; 6] = std::array::from_fn(|j| out[n][(j + 1) % 3].to_bits());
+                assert_eq!(six[n].map(f32::to_bits), want6);
             }
             assert!(dot_float_rows(FloatRows::F16, sw, &yr, &mut out[..6]).is_err());
         }
     }
 
     /// The F32 row kernel gives `vec_dot`'s bits (portable and dispatched) for every grouping
-    /// of the weight rows, with one and three activation rows, with and without a tail.
+    /// of the weight rows, with one, two, three and six activation rows, with and without a
+    /// tail.
     #[test]
     fn f32_rows_match_vec_dot() {
         let mut rng = Rng(17);
@@ -715,6 +756,35 @@ mod tests {
             dot_float_rows(FloatRows::F32, sw, &yr, &mut out).unwrap();
             let mut one = vec![[0f32; 1]; 7];
             dot_float_rows(FloatRows::F32, sw, &[yr[1]], &mut one).unwrap();
+            // two and six activation rows: the other register blockings of the kernels
+            let mut two = vec![[0f32; 2]; 7];
+            dot_float_rows(FloatRows::F32, sw, &[yr[2], yr[0]], &mut two).unwrap();
+            let mut six = vec![[0f32; 6]; 7];
+            let yr6: [&[f32]; 6] = std::array::from_fn(|j| yr[(j + 1) % 3]);
+            dot_float_rows(FloatRows::F32, sw, &yr6, &mut six).unwrap();
+            // the AVX2 kernels too where the dispatch takes the AVX-512 ones
+            let mut ymm3 = vec![[0f32; 3]; 7];
+            let mut ymm1 = vec![[0f32; 1]; 7];
+            let mut ymm6 = vec![[0f32; 6]; 7];
+            if simd::dot_float_rows_avx2(FloatRows::F32, sw, &yr, &mut ymm3) {
+                assert!(simd::dot_float_rows_avx2(
+                    FloatRows::F32,
+                    sw,
+                    &[yr[1]],
+                    &mut ymm1
+                ));
+                assert!(simd::dot_float_rows_avx2(
+                    FloatRows::F32,
+                    sw,
+                    &yr6,
+                    &mut ymm6
+                ));
+                assert_eq!(bits(&ymm3), bits(&out), "{len}");
+                assert_eq!(bits(&ymm1), bits(&one), "{len}");
+                assert_eq!(bits(&ymm6), bits(&six), "{len}");
+            } else {
+                assert!(!len.is_multiple_of(32) || !simd::avx2_active());
+            }
             for (n, x) in wb.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let want = super::super::float::vec_dot_f32(x, &yb[j]);
@@ -723,6 +793,12 @@ mod tests {
                     assert_eq!(FloatRows::F32.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
                 assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
+                assert_eq!(
+                    two[n].map(f32::to_bits),
+                    [out[n][2], out[n][0]].map(f32::to_bits)
+                );
+                let want6: [u32; 6] = std::array::from_fn(|j| out[n][(j + 1) % 3].to_bits());
+                assert_eq!(six[n].map(f32::to_bits), want6);
             }
             assert!(dot_float_rows(FloatRows::F32, sw, &yr, &mut out[..6]).is_err());
         }

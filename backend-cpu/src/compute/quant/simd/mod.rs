@@ -2,7 +2,8 @@
 //! instruction set: `avx2.rs` (AVX2+FMA+F16C: F16, SOFT_MAX scans, Q8_0 quantization, the
 //! Q4_1/Q5_x/K-quant dot products), `avx2_tiles.rs` (the Q4_0 / Q8_0 tiles and rows on 256-bit
 //! vectors, AVX-VNNI where present), `avx512.rs` (AVX-512 BW/VL/VNNI: zmm tiles, Q4_K rows),
-//! `avx512f.rs` (AVX-512 F: the F16 / F32 tiles), `expf.rs` (glibc's `expf`, vectorized).
+//! `avx512f.rs` (AVX-512 F: the F16 / F32 tiles), `avx2_float.rs` (the F16 / F32 tiles on
+//! 256-bit vectors, where the CPU lacks AVX-512 F), `expf.rs` (glibc's `expf`, vectorized).
 //! Each file owns the run-time check of its features; the `pub(super)` functions here pick.
 //!
 //! The portable kernels are `#[inline(always)]` functions; every entry point here instantiates
@@ -32,8 +33,11 @@
 //! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
 //! FMA). With one activation row (generation: the output projection streams several MB of
 //! weights) it takes one weight row after the other, without software prefetch (one
-//! sequential stream, which the hardware prefetcher follows best). Its results (per weight row, one per activation row) become destination
-//! rows through `vpermt2ps`, sixteen weight rows at a time (`columns_to_rows3_zmm`). The Q4_K
+//! sequential stream, which the hardware prefetcher follows best). CPUs without AVX-512 F
+//! take the AVX2 version (`avx2_float.rs`): four ymm per output, a quarter of the lanes per
+//! pass where the tile's accumulators would not fit the 16 registers otherwise. The AVX-512
+//! kernel's results (per weight row, one per activation row) become destination rows through
+//! `vpermt2ps`, sixteen weight rows at a time (`columns_to_rows3_zmm`). The Q4_K
 //! MUL_MAT has a row kernel (AVX2, and AVX-512 BW with both nibble halves of 32 quant bytes
 //! in one zmm) that decodes each weight block once for several activation rows and computes
 //! the exact integer sums and f32 steps of `vec_dot_q4_k_q8_k`. With AVX-512 VNNI it takes
@@ -54,6 +58,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 #[cfg(target_arch = "x86_64")]
@@ -288,7 +294,7 @@ pub fn dot_float_row1_variant<const G: usize, const PF: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         let ok = w.row_len() == kind.bytes() * y.len() && out.len() == w.count();
-        if ok && dot_float_rows_fast(y.len()) {
+        if ok && dot_float_rows_fast(y.len()) && avx512f::has_avx512f() {
             let steps = y.len() / 32;
             // SAFETY: features and lengths checked.
             unsafe {
@@ -472,12 +478,12 @@ pub(super) fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
     [vec_dot_f16(x[0], y), vec_dot_f16(x[1], y)]
 }
 
-/// Whether [`dot_float_rows`] takes the AVX-512 kernels for rows of `n` elements: whole
-/// steps of 32 (no tail) on a CPU with AVX-512 F.
+/// Whether [`dot_float_rows`] takes a register-blocked kernel for rows of `n` elements:
+/// whole steps of 32 (no tail) on a CPU with AVX2 (the AVX-512 F one where it has that).
 pub(super) fn dot_float_rows_fast(n: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        n.is_multiple_of(float::LANES) && avx512f::has_avx512f()
+        n.is_multiple_of(float::LANES) && avx2::has_avx2()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -507,8 +513,9 @@ pub(super) fn with_fma(body: impl FnOnce()) -> bool {
 }
 
 /// [`tiles::dot_float_rows`] after its checks (every row of `w` `kind.bytes()` times as many
-/// bytes as each row of `y` has values, `out` as long as `w`): the AVX-512 kernels where
-/// [`dot_float_rows_fast`] holds, else the portable `vec_dot` per pair (the same bits).
+/// bytes as each row of `y` has values, `out` as long as `w`): where [`dot_float_rows_fast`]
+/// holds the AVX-512 kernels, or the AVX2 ones on a CPU without AVX-512 F, else the portable
+/// `vec_dot` per pair (all give the same bits).
 pub(super) fn dot_float_rows<const RN: usize>(
     kind: tiles::FloatRows,
     w: StridedRows<'_>,
@@ -519,13 +526,16 @@ pub(super) fn dot_float_rows<const RN: usize>(
     {
         let n = y.first().map_or(0, |r| r.len());
         if dot_float_rows_fast(n) {
-            // SAFETY: `dot_float_rows_fast` checked AVX-512 F (and AVX2, FMA, F16C) and that
-            // the rows are whole steps of 32 values; the caller checked the lengths (each
-            // weight row `kind.bytes()` bytes per value).
+            use tiles::FloatRows::{F16, F32};
+            // SAFETY: `dot_float_rows_fast` checked AVX2, FMA and F16C (and AVX-512 F is
+            // checked here) and that the rows are whole steps of 32 values; the caller
+            // checked the lengths (each weight row `kind.bytes()` bytes per value).
             unsafe {
-                match kind {
-                    tiles::FloatRows::F16 => avx512f::dot_float_rows_zmm::<RN, true>(w, y, out),
-                    tiles::FloatRows::F32 => avx512f::dot_float_rows_zmm::<RN, false>(w, y, out),
+                match (kind, avx512f::has_avx512f()) {
+                    (F16, true) => avx512f::dot_float_rows_zmm::<RN, true>(w, y, out),
+                    (F32, true) => avx512f::dot_float_rows_zmm::<RN, false>(w, y, out),
+                    (F16, false) => avx2_float::dot_float_rows_ymm::<RN, true>(w, y, out),
+                    (F32, false) => avx2_float::dot_float_rows_ymm::<RN, false>(w, y, out),
                 }
             };
             return;
@@ -536,6 +546,34 @@ pub(super) fn dot_float_rows<const RN: usize>(
             *o = kind.portable(w.row(n), y);
         }
     }
+}
+
+/// [`dot_float_rows`] through the AVX2 kernels even on a CPU with AVX-512 F (for the tests,
+/// so that every machine checks them); false where the CPU lacks AVX2 or the rows have a
+/// tail (nothing written).
+#[cfg(test)]
+pub(super) fn dot_float_rows_avx2<const RN: usize>(
+    kind: tiles::FloatRows,
+    w: StridedRows<'_>,
+    y: &[&[f32]; RN],
+    out: &mut [[f32; RN]],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = y.first().map_or(0, |r| r.len());
+        if dot_float_rows_fast(n) {
+            // SAFETY: as in `dot_float_rows` (the caller, a test, passes checked lengths).
+            unsafe {
+                match kind {
+                    tiles::FloatRows::F16 => avx2_float::dot_float_rows_ymm::<RN, true>(w, y, out),
+                    tiles::FloatRows::F32 => avx2_float::dot_float_rows_ymm::<RN, false>(w, y, out),
+                }
+            };
+            return true;
+        }
+    }
+    let _ = (kind, w, y, out);
+    false
 }
 
 /// The leading weight rows of [`tiles::columns_to_rows`] that a vector kernel moved (a
