@@ -646,6 +646,45 @@ mod tests {
         out.iter().map(|o| o.map(f32::to_bits)).collect()
     }
 
+    /// `dot_float_rows` with one, two and six activation rows (the kernels' other register
+    /// blockings) gives the bits of `out`, its results with the three rows `yr`; so does the
+    /// AVX2 kernel called directly (where the dispatch takes the AVX-512 one) with one, three
+    /// and six rows of `len` values.
+    fn check_blockings(
+        kind: FloatRows,
+        sw: StridedRows<'_>,
+        yr: [&[f32]; 3],
+        out: &[[f32; 3]],
+        len: usize,
+    ) {
+        let rows = out.len();
+        let mut one = vec![[0f32; 1]; rows];
+        dot_float_rows(kind, sw, &[yr[1]], &mut one).unwrap();
+        let mut two = vec![[0f32; 2]; rows];
+        dot_float_rows(kind, sw, &[yr[2], yr[0]], &mut two).unwrap();
+        let yr6: [&[f32]; 6] = std::array::from_fn(|j| yr[(j + 1) % 3]);
+        let mut six = vec![[0f32; 6]; rows];
+        dot_float_rows(kind, sw, &yr6, &mut six).unwrap();
+        for (n, o) in out.iter().enumerate() {
+            assert_eq!(one[n][0].to_bits(), o[1].to_bits(), "{len} ({n})");
+            assert_eq!(two[n].map(f32::to_bits), [o[2], o[0]].map(f32::to_bits));
+            let want6: [u32; 6] = std::array::from_fn(|j| o[(j + 1) % 3].to_bits());
+            assert_eq!(six[n].map(f32::to_bits), want6, "{len} ({n})");
+        }
+        let mut ymm = vec![[0f32; 3]; rows];
+        if !simd::dot_float_rows_avx2(kind, sw, &yr, &mut ymm) {
+            assert!(!len.is_multiple_of(32) || !simd::avx2_active());
+            return;
+        }
+        let mut ymm1 = vec![[0f32; 1]; rows];
+        let mut ymm6 = vec![[0f32; 6]; rows];
+        assert!(simd::dot_float_rows_avx2(kind, sw, &[yr[1]], &mut ymm1));
+        assert!(simd::dot_float_rows_avx2(kind, sw, &yr6, &mut ymm6));
+        assert_eq!(bits(&ymm), bits(out), "{len}");
+        assert_eq!(bits(&ymm1), bits(&one), "{len}");
+        assert_eq!(bits(&ymm6), bits(&six), "{len}");
+    }
+
     /// The register-blocked F16 rows give each pair's `vec_dot` bits (portable and
     /// dispatched), for every grouping of the weight rows, with and without a tail.
     #[test]
@@ -676,37 +715,7 @@ mod tests {
             let yr: [&[f32]; 3] = std::array::from_fn(|j| &widened[j][..]);
             let mut out = vec![[0f32; 3]; 7];
             dot_float_rows(FloatRows::F16, sw, &yr, &mut out).unwrap();
-            let mut one = vec![[0f32; 1]; 7];
-            dot_float_rows(FloatRows::F16, sw, &[yr[1]], &mut one).unwrap();
-            // two and six activation rows: the other register blockings of the kernels
-            let mut two = vec![[0f32; 2]; 7];
-            dot_float_rows(FloatRows::F16, sw, &[yr[2], yr[0]], &mut two).unwrap();
-            let mut six = vec![[0f32; 6]; 7];
-            let yr6: [&[f32]; 6] = std::array::from_fn(|j| yr[(j + 1) % 3]);
-            dot_float_rows(FloatRows::F16, sw, &yr6, &mut six).unwrap();
-            // the AVX2 kernels too where the dispatch takes the AVX-512 ones
-            let mut ymm3 = vec![[0f32; 3]; 7];
-            let mut ymm1 = vec![[0f32; 1]; 7];
-            let mut ymm6 = vec![[0f32; 6]; 7];
-            if simd::dot_float_rows_avx2(FloatRows::F16, sw, &yr, &mut ymm3) {
-                assert!(simd::dot_float_rows_avx2(
-                    FloatRows::F16,
-                    sw,
-                    &[yr[1]],
-                    &mut ymm1
-                ));
-                assert!(simd::dot_float_rows_avx2(
-                    FloatRows::F16,
-                    sw,
-                    &yr6,
-                    &mut ymm6
-                ));
-                assert_eq!(bits(&ymm3), bits(&out), "{len}");
-                assert_eq!(bits(&ymm1), bits(&one), "{len}");
-                assert_eq!(bits(&ymm6), bits(&six), "{len}");
-            } else {
-                assert!(!len.is_multiple_of(32) || !simd::avx2_active());
-            }
+            check_blockings(FloatRows::F16, sw, yr, &out, len);
             let float = super::super::float::vec_dot_f16;
             for (n, x) in wr.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
@@ -715,13 +724,6 @@ mod tests {
                     assert_eq!(simd::vec_dot_f16(x, &y[j]).to_bits(), want.to_bits());
                     assert_eq!(FloatRows::F16.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
-                assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
-                assert_eq!(
-                    two[n].map(f32::to_bits),
-                    [out[n][2], out[n][0]].map(f32::to_bits)
-                );
-                let want6: [u32; 6] = std::array::from_fn(|j| out[n][(j + 1) % 3].to_bits());
-                assert_eq!(six[n].map(f32::to_bits), want6);
             }
             assert!(dot_float_rows(FloatRows::F16, sw, &yr, &mut out[..6]).is_err());
         }
@@ -754,37 +756,7 @@ mod tests {
             let yr: [&[f32]; 3] = std::array::from_fn(|j| &y[j][..]);
             let mut out = vec![[0f32; 3]; 7];
             dot_float_rows(FloatRows::F32, sw, &yr, &mut out).unwrap();
-            let mut one = vec![[0f32; 1]; 7];
-            dot_float_rows(FloatRows::F32, sw, &[yr[1]], &mut one).unwrap();
-            // two and six activation rows: the other register blockings of the kernels
-            let mut two = vec![[0f32; 2]; 7];
-            dot_float_rows(FloatRows::F32, sw, &[yr[2], yr[0]], &mut two).unwrap();
-            let mut six = vec![[0f32; 6]; 7];
-            let yr6: [&[f32]; 6] = std::array::from_fn(|j| yr[(j + 1) % 3]);
-            dot_float_rows(FloatRows::F32, sw, &yr6, &mut six).unwrap();
-            // the AVX2 kernels too where the dispatch takes the AVX-512 ones
-            let mut ymm3 = vec![[0f32; 3]; 7];
-            let mut ymm1 = vec![[0f32; 1]; 7];
-            let mut ymm6 = vec![[0f32; 6]; 7];
-            if simd::dot_float_rows_avx2(FloatRows::F32, sw, &yr, &mut ymm3) {
-                assert!(simd::dot_float_rows_avx2(
-                    FloatRows::F32,
-                    sw,
-                    &[yr[1]],
-                    &mut ymm1
-                ));
-                assert!(simd::dot_float_rows_avx2(
-                    FloatRows::F32,
-                    sw,
-                    &yr6,
-                    &mut ymm6
-                ));
-                assert_eq!(bits(&ymm3), bits(&out), "{len}");
-                assert_eq!(bits(&ymm1), bits(&one), "{len}");
-                assert_eq!(bits(&ymm6), bits(&six), "{len}");
-            } else {
-                assert!(!len.is_multiple_of(32) || !simd::avx2_active());
-            }
+            check_blockings(FloatRows::F32, sw, yr, &out, len);
             for (n, x) in wb.iter().enumerate() {
                 for (j, o) in out[n].iter().enumerate() {
                     let want = super::super::float::vec_dot_f32(x, &yb[j]);
@@ -792,13 +764,6 @@ mod tests {
                     assert_eq!(simd::vec_dot_f32(x, &yb[j]).to_bits(), want.to_bits());
                     assert_eq!(FloatRows::F32.portable(x, yr[j]).to_bits(), want.to_bits());
                 }
-                assert_eq!(one[n][0].to_bits(), out[n][1].to_bits());
-                assert_eq!(
-                    two[n].map(f32::to_bits),
-                    [out[n][2], out[n][0]].map(f32::to_bits)
-                );
-                let want6: [u32; 6] = std::array::from_fn(|j| out[n][(j + 1) % 3].to_bits());
-                assert_eq!(six[n].map(f32::to_bits), want6);
             }
             assert!(dot_float_rows(FloatRows::F32, sw, &yr, &mut out[..6]).is_err());
         }
