@@ -275,9 +275,10 @@ def run_op(args, server: Server, op: str, outf) -> OpResult:
             if not in_scope(res.names[i]):
                 res.status[i] = "OUT_OF_SCOPE"
         todo = [i for i in todo if res.status[i] is None]
-    if args.sample and len(todo) > args.sample:
-        step = len(todo) / args.sample
-        keep = {todo[int(i * step)] for i in range(args.sample)}
+    limit = args.sample_limits.get(op, args.sample)
+    if limit and len(todo) > limit:
+        step = len(todo) / limit
+        keep = {todo[int(i * step)] for i in range(limit)}
         for i in todo:
             if i not in keep:
                 res.status[i] = "SAMPLED_OUT"
@@ -419,6 +420,8 @@ def main() -> int:
     ap.add_argument("--scope", choices=["all", "listed"], default="all",
                     help="listed: run only cases whose types are all in LISTED_TYPES")
     ap.add_argument("--sample", type=int, default=0, help="run at most N evenly spread cases per op")
+    ap.add_argument("--sample-op", action="append", default=[], metavar="OP=N",
+                    help="run at most N evenly spread cases of OP (instead of --sample; repeatable)")
     ap.add_argument("--case-timeout", type=float, default=120.0, help="seconds without a result = hang")
     ap.add_argument("--max-crashes", type=int, default=200, help="crashes/hangs per op before giving up on it")
     ap.add_argument("--logdir", default="target/conformance/test-backend-ops")
@@ -426,6 +429,12 @@ def main() -> int:
     args = ap.parse_args()
     if bool(args.server_cmd) == bool(args.endpoint):
         ap.error("give exactly one of --server-cmd and --endpoint")
+    args.sample_limits = {}
+    for spec in args.sample_op:
+        op, _, count = spec.partition("=")
+        if not op or not count.isdigit():
+            ap.error(f"--sample-op wants OP=N, not {spec!r}")
+        args.sample_limits[op] = int(count)
     os.makedirs(args.logdir, exist_ok=True)
     ops = expand_ops(args.ops)
     server = Server(args.server_cmd, args.endpoint, args.logdir)

@@ -18,6 +18,8 @@
 #                      compute issue lists (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K, I8..I64);
 #                      the rest are counted as out of scope, not run. Default: all
 #   --sample N         at most N evenly spread in-scope cases per op (quick runs)
+#   --sample-op OP=N   at most N evenly spread in-scope cases of OP (instead of --sample;
+#                      repeatable)
 #   --case-timeout S   a case with no result for S seconds is a hang (default 120)
 #   --max-crashes N    crashes+hangs per op before its other cases are skipped (default 200)
 #   --logdir DIR       default target/conformance/tbo-<ours|reference|custom>
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
         --server-cmd) server_cmd=$2; mode=custom; shift 2 ;;
         --reference) mode=reference; shift ;;
         --endpoint) endpoint=$2; mode=custom; shift 2 ;;
-        --ops|--params|--scope|--sample|--case-timeout|--max-crashes) extra+=("$1" "$2"); shift 2 ;;
+        --ops|--params|--scope|--sample|--sample-op|--case-timeout|--max-crashes) extra+=("$1" "$2"); shift 2 ;;
         --logdir) logdir=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) conf_die "unknown option $1 (see --help)" ;;
