@@ -55,6 +55,7 @@ mod rows;
 mod rwkv;
 mod scan;
 mod softmax;
+mod sort;
 mod ssm;
 mod top_k_mask;
 mod unary;

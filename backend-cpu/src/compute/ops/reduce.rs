@@ -3,19 +3,17 @@
 //! Sums accumulate in f64 and round to f32 once, as ggml's `ggml_vec_sum_f32` (a `ggml_float`
 //! accumulator) does; MEAN then divides the f32 sum by `ne0` in f32. ARGMAX keeps ggml's tie
 //! rule: the last index holding the maximum (`ggml_vec_argmax_f32`). ARGSORT sorts each row's
-//! indices by value (ties keep index order; ggml's `std::sort` leaves them unspecified), TOP_K
-//! takes the indices of the `k` largest and, as ggml does to stress that their order is
-//! unspecified, swaps the first two. COUNT_EQUAL counts in integers (partial counts per work
+//! indices by value and TOP_K takes the indices of the `k` largest, tied values falling as
+//! ggml-cpu's `std::sort` and `std::partial_sort` leave them (`sort`); TOP_K then swaps the
+//! first two, as ggml does to stress that their order is unspecified. COUNT_EQUAL counts in integers (partial counts per work
 //! item, added at the end: exact in any order).
-
-use std::cmp::Ordering;
 
 use proto_core::Result;
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::view::encode;
 
-use super::{c_max, dst_scalar, Node};
+use super::{c_max, dst_scalar, sort, Node};
 
 fn row_sum(x: &[f32]) -> f64 {
     x.iter().map(|&v| f64::from(v)).sum()
@@ -88,34 +86,44 @@ pub(super) fn argmax(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The indices of row `x` ordered by value, largest first if `descending`; equal values keep
-/// their order. NaN, which ggml's `<` leaves unordered (its sort's result is then up to the
-/// sort), goes after every number (first when `descending`): the comparison must be a total
-/// order, or the sort panics.
+/// `a` before `b` in ggml's order: `x[a] < x[b]` (`>` if `descending`). NaN, which ggml's
+/// comparison leaves unordered (its sort's result is then up to the sort), goes after every
+/// number (first when `descending`): the order must be a strict weak one.
+fn precedes(x: &[f32], a: usize, b: usize, descending: bool) -> bool {
+    let (a, b) = if descending {
+        (x[b], x[a])
+    } else {
+        (x[a], x[b])
+    };
+    match (a.is_nan(), b.is_nan()) {
+        (false, false) => a < b,
+        (true, _) => false,
+        (false, true) => true,
+    }
+}
+
+/// The indices of row `x` ordered by value, largest first if `descending`, equal values as
+/// ggml-cpu's `std::sort` leaves them.
 fn sorted_indices(x: &[f32], descending: bool) -> Vec<usize> {
     let mut order: Vec<usize> = (0..x.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (a, b) = if descending {
-            (x[b], x[a])
-        } else {
-            (x[a], x[b])
-        };
-        match (a.is_nan(), b.is_nan()) {
-            (false, false) => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
-            (true, true) => Ordering::Equal,
-            (true, false) => Ordering::Greater,
-            (false, true) => Ordering::Less,
-        }
-    });
+    sort::sort(&mut order, &|a, b| precedes(x, a, b, descending));
     order
 }
 
-/// Row by row: the first `ne0` of the row's sorted indices (after `fix`), as I32.
+/// The indices of row `x`'s `k` largest values, largest first, equal values as ggml-cpu's
+/// `std::partial_sort` leaves them.
+fn top_indices(x: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    sort::partial_sort(&mut order, k, &|a, b| precedes(x, a, b, true));
+    order.truncate(k);
+    order
+}
+
+/// Row by row: the first `ne0` of the indices `pick` returns for the row (given `ne0`), as I32.
 fn index_rows(
     node: &Node<'_>,
     mut dst: Dst<'_>,
-    descending: bool,
-    fix: fn(&mut [usize]),
+    pick: impl Fn(&[f32], usize) -> Vec<usize> + Sync,
 ) -> Result<()> {
     let a = node.view(0)?;
     let layout = *dst.layout();
@@ -128,9 +136,8 @@ fn index_rows(
         let mut bytes = Vec::with_capacity(k * 4);
         for r in part.rows() {
             a.load_f32(layout.row_index(r), &mut x)?;
-            let mut order = sorted_indices(&x, descending);
+            let mut order = pick(&x, k);
             order.truncate(k);
-            fix(&mut order);
             bytes.clear();
             for i in order {
                 bytes.extend_from_slice(&i32::try_from(i).unwrap_or(i32::MAX).to_le_bytes());
@@ -142,14 +149,16 @@ fn index_rows(
 }
 
 pub(super) fn argsort(node: &Node<'_>, dst: Dst<'_>, descending: bool) -> Result<()> {
-    index_rows(node, dst, descending, |_| {})
+    index_rows(node, dst, |x, _| sorted_indices(x, descending))
 }
 
 pub(super) fn top_k(node: &Node<'_>, dst: Dst<'_>) -> Result<()> {
-    index_rows(node, dst, true, |top| {
+    index_rows(node, dst, |x, k| {
+        let mut top = top_indices(x, k);
         if top.len() > 1 {
             top.swap(0, 1);
         }
+        top
     })
 }
 
@@ -186,7 +195,98 @@ pub(super) fn count_equal(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::sorted_indices;
+    use std::process::Command;
+
+    use super::{sorted_indices, top_indices};
+    use crate::compute::tests::Rng;
+
+    /// ggml-cpu's ARGSORT and TOP_K loops (`cmp_argsort`, `cmp_top_k`) over rows read from
+    /// stdin (`a|d|t k n values...`), one line of indices out per row.
+    const GGML_SORTS: &str = r#"
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+int main() {
+    char mode; int k, n;
+    while (std::scanf(" %c %d %d", &mode, &k, &n) == 3) {
+        std::vector<float> x(n);
+        std::vector<int> idx(n);
+        for (int i = 0; i < n; i++) { std::scanf("%f", &x[i]); idx[i] = i; }
+        const float * d = x.data();
+        if (mode == 'a') std::sort(idx.begin(), idx.end(), [d](int a, int b) { return d[a] < d[b]; });
+        if (mode == 'd') std::sort(idx.begin(), idx.end(), [d](int a, int b) { return d[a] > d[b]; });
+        if (mode == 't') std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [d](int a, int b) { return d[a] > d[b]; });
+        for (int i = 0; i < (mode == 't' ? k : n); i++) std::printf("%d ", idx[i]);
+        std::printf("\n");
+    }
+}
+"#;
+
+    /// Ties fall as in GCC's library, which every llama.cpp Linux build (the peers included)
+    /// sorts with: test-backend-ops's TOPK_MOE compares the picked set, and a tie at the `k`
+    /// boundary once picked a different expert than ggml-cpu. Rows drawn from a few values,
+    /// every length around the insertion-sort threshold and past the introsort's recursion.
+    #[test]
+    fn ties_fall_as_in_gccs_sort_and_partial_sort() {
+        let dir = std::env::temp_dir().join(format!("ggml-sorts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary folder");
+        let (source, program) = (dir.join("sorts.cpp"), dir.join("sorts"));
+        std::fs::write(&source, GGML_SORTS).expect("write the C++ source");
+        let compiled = Command::new("g++")
+            .args(["-O2", "-std=c++17", "-o"])
+            .arg(&program)
+            .arg(&source)
+            .status()
+            .expect("g++ (the llama.cpp peers need it too) runs");
+        assert!(compiled.success(), "g++ compiles the sorts");
+
+        let mut rng = Rng::new(31);
+        let mut rows = Vec::new();
+        for n in (0..70).chain([127, 128, 288, 300, 1000, 4096]) {
+            for distinct in [1, 2, 3, 7, 50] {
+                let row: Vec<f32> = (0..n)
+                    .map(|_| rng.below(distinct) as f32 * 0.25 - 0.5)
+                    .collect();
+                let k = if n == 0 { 0 } else { rng.below(n) + 1 };
+                rows.push((k, row));
+            }
+        }
+        let mut input = String::new();
+        for (k, row) in &rows {
+            for mode in ["a", "d", "t"] {
+                input.push_str(&format!("{mode} {k} {}", row.len()));
+                for v in row {
+                    input.push_str(&format!(" {v}"));
+                }
+                input.push('\n');
+            }
+        }
+        let rows_file = dir.join("rows");
+        std::fs::write(&rows_file, input).expect("write the rows");
+        let output = Command::new(&program)
+            .stdin(std::fs::File::open(&rows_file).expect("read the rows"))
+            .output()
+            .expect("run the sorts");
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8(output.stdout).expect("ASCII");
+        let mut lines = text.lines();
+        for (k, row) in &rows {
+            let ours = [
+                sorted_indices(row, false),
+                sorted_indices(row, true),
+                top_indices(row, *k),
+            ];
+            for (mode, ours) in ["ascending", "descending", "top k"].iter().zip(ours) {
+                let theirs: Vec<usize> = lines
+                    .next()
+                    .expect("one line per row and mode")
+                    .split_whitespace()
+                    .map(|i| i.parse().expect("an index"))
+                    .collect();
+                assert_eq!(ours, theirs, "{mode}, k = {k}, row {row:?}");
+            }
+        }
+    }
 
     const NAN: f32 = f32::NAN;
 
