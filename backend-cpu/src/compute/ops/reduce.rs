@@ -5,8 +5,8 @@
 //! rule: the last index holding the maximum (`ggml_vec_argmax_f32`). ARGSORT sorts each row's
 //! indices by value and TOP_K takes the indices of the `k` largest, tied values falling as
 //! ggml-cpu's `std::sort` and `std::partial_sort` leave them (`sort`); TOP_K then swaps the
-//! first two, as ggml does to stress that their order is unspecified. COUNT_EQUAL counts in integers (partial counts per work
-//! item, added at the end: exact in any order).
+//! first two, as ggml does to stress that their order is unspecified. COUNT_EQUAL counts in
+//! integers (partial counts per work item, added at the end: exact in any order).
 
 use proto_core::Result;
 
