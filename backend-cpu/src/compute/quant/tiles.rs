@@ -83,6 +83,8 @@ pub struct Q8Rows {
     /// Blocks per row.
     blocks: usize,
     bytes: Vec<u8>,
+    /// No quant is -128 (always so for quantized activations).
+    signable: bool,
 }
 
 /// One row of [`Q8Rows`]: `blocks` blocks of [`ROW_BLOCK_BYTES`].
@@ -90,6 +92,9 @@ pub struct Q8Rows {
 pub struct Q8Row<'a> {
     pub(super) blocks: usize,
     pub(super) bytes: &'a [u8],
+    /// No quant of the rows is -128, so a kernel may put a weight's sign onto one (the
+    /// AVX2 trick of ggml-cpu, exact then).
+    pub(super) signable: bool,
 }
 
 impl Q8Rows {
@@ -125,10 +130,14 @@ impl Q8Rows {
                 o[ROW_SCALE + 4 * l..ROW_SCALE + 4 * l + 4].copy_from_slice(&d);
             }
         }
+        let signable = !bytes
+            .chunks_exact(Q8_0_BYTES)
+            .any(|b| b[2..].contains(&0x80));
         Ok(Q8Rows {
             kind,
             blocks: k / QK32,
             bytes: out,
+            signable,
         })
     }
 
@@ -148,6 +157,7 @@ impl Q8Rows {
         Some(Q8Row {
             blocks: self.blocks,
             bytes: self.bytes.get(r * size..(r + 1) * size)?,
+            signable: self.signable,
         })
     }
 }
@@ -501,14 +511,38 @@ mod tests {
     }
 
     /// Every implementation of an `RM x RN` tile equals the portable and the dispatched
-    /// `vec_dot` of each pair, bit for bit (random quants, -128 included).
-    fn check<const RM: usize, const RN: usize>(rng: &mut Rng, kind: Q0, blocks: usize) {
+    /// `vec_dot` of each pair, bit for bit (random quants, -128 included in the weights,
+    /// and in the activations unless `quantized_y`: activations as quantizing makes them,
+    /// which the kernels multiply another way).
+    fn check<const RM: usize, const RN: usize>(
+        rng: &mut Rng,
+        kind: Q0,
+        blocks: usize,
+        quantized_y: bool,
+    ) {
         let w: Vec<Vec<u8>> = (0..RM)
-            .map(|_| rng.blocks(blocks, kind.block_bytes()))
+            .map(|_| {
+                let mut r = rng.blocks(blocks, kind.block_bytes());
+                if kind == Q0::Q8_0 {
+                    r[2] = 0x80;
+                }
+                r
+            })
             .collect();
-        let y8 = rng.blocks(blocks * RN, Q8_0_BYTES);
+        let mut y8 = rng.blocks(blocks * RN, Q8_0_BYTES);
+        for b in y8.chunks_exact_mut(Q8_0_BYTES) {
+            for q in &mut b[2..] {
+                if quantized_y && *q == 0x80 {
+                    *q = 0x81;
+                }
+            }
+            if !quantized_y {
+                b[3] = 0x80;
+            }
+        }
         let rows = Q8Rows::from_q8_0(kind, blocks * QK32, &y8).unwrap();
         assert_eq!(rows.rows(), RN);
+        assert_eq!(rows.signable, quantized_y);
         let wr: [&[u8]; RM] = std::array::from_fn(|i| &w[i][..]);
         let yr: [Q8Row<'_>; RN] = std::array::from_fn(|j| rows.row(j).unwrap());
         let ybytes = |j: usize| &y8[j * blocks * Q8_0_BYTES..(j + 1) * blocks * Q8_0_BYTES];
@@ -542,13 +576,16 @@ mod tests {
     fn tile_kernels_match_vec_dot_bit_for_bit() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for kind in [Q0::Q4_0, Q0::Q8_0] {
-            for blocks in [1, 2, 3, 7, 24] {
-                check::<4, 4>(&mut rng, kind, blocks);
-                check::<4, 3>(&mut rng, kind, blocks);
-                check::<1, 4>(&mut rng, kind, blocks);
-                check::<4, 1>(&mut rng, kind, blocks);
-                check::<1, 3>(&mut rng, kind, blocks);
-                check::<1, 1>(&mut rng, kind, blocks);
+            for (blocks, quantized_y) in [1, 2, 3, 7, 24]
+                .into_iter()
+                .flat_map(|b| [(b, false), (b, true)])
+            {
+                check::<4, 4>(&mut rng, kind, blocks, quantized_y);
+                check::<4, 3>(&mut rng, kind, blocks, quantized_y);
+                check::<1, 4>(&mut rng, kind, blocks, quantized_y);
+                check::<4, 1>(&mut rng, kind, blocks, quantized_y);
+                check::<1, 3>(&mut rng, kind, blocks, quantized_y);
+                check::<1, 1>(&mut rng, kind, blocks, quantized_y);
             }
         }
     }

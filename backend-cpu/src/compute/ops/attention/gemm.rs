@@ -3,10 +3,9 @@
 //! for k = 0, 1, ...), as ggml-cpu's `simd_gemm` computes it. The order is fixed, so every
 //! version below gives the same bits; they differ only in speed.
 //!
-//! This module is allowed `unsafe` for the AVX-512 micro-kernel and for calling the
-//! `target_feature` versions after checking the CPU has those features. A portable `mul_add`
-//! without FMA in the target is a library call per element, hence the AVX2 + FMA build of the
-//! portable loops for CPUs without AVX-512.
+//! This module is allowed `unsafe` for the AVX2 and AVX-512 micro-kernels and for calling the
+//! `target_feature` versions after checking the CPU has those features. (A portable `mul_add`
+//! without FMA in the target is a library call per element.)
 
 /// `c[i·n + j] += Σ_k a[i·k_len + k] · b[k·n + j]` for `i < m`, `j < n`, `k < k_len`, each sum
 /// a chain of fused multiply-adds in order of `k`, starting from the value in `c`.
@@ -49,10 +48,17 @@ fn gemm_portable(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k_len: usize, n:
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// [`super::gemm_portable`] compiled with AVX2 and FMA (vectorized, `mul_add` inline).
+    /// Columns of `C` one block of [`block_avx2`] covers (two 8-lane registers).
+    const COLS_AVX2: usize = 16;
+
+    /// [`super::gemm_acc`] in blocks of 4 rows × 16 columns of `C` held in 8 registers over
+    /// the whole inner dimension (C is loaded and stored once per block, not once per inner
+    /// step); the columns past the last whole block by [`super::gemm_portable`]'s loop,
+    /// compiled with FMA.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
+    /// The CPU must have AVX2 and FMA; `c`, `a` and `b` must hold `m·n`, `m·k_len` and
+    /// `k_len·n` values.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gemm_avx2(
         c: &mut [f32],
@@ -62,7 +68,74 @@ mod x86 {
         k_len: usize,
         n: usize,
     ) {
-        super::gemm_portable(c, a, b, m, k_len, n);
+        let whole = n - n % COLS_AVX2;
+        for j in (0..whole).step_by(COLS_AVX2) {
+            let mut i = 0;
+            while i + 4 <= m {
+                // SAFETY: rows i..i + 4 <= m, columns j..j + 16 <= n, within the lengths the
+                // caller guarantees.
+                unsafe { block_avx2::<4>(c, a, b, i, j, k_len, n) };
+                i += 4;
+            }
+            while i < m {
+                // SAFETY: as above, one row.
+                unsafe { block_avx2::<1>(c, a, b, i, j, k_len, n) };
+                i += 1;
+            }
+        }
+        if whole < n {
+            for (c_row, a_row) in c.chunks_exact_mut(n).zip(a.chunks_exact(k_len)).take(m) {
+                for (&s, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
+                    for (cv, &bv) in c_row[whole..].iter_mut().zip(&b_row[whole..]) {
+                        *cv = s.mul_add(bv, *cv);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows `i..i + ROWS`, columns `j..j + 16` of `C`: loaded, updated over the whole inner
+    /// dimension, stored back.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; the rows and columns must lie within the matrices.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_avx2<const ROWS: usize>(
+        c: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        i: usize,
+        j: usize,
+        k_len: usize,
+        n: usize,
+    ) {
+        let c_ptr = c.as_mut_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+        for (row, acc_row) in acc.iter_mut().enumerate() {
+            for (r, reg) in acc_row.iter_mut().enumerate() {
+                // SAFETY: columns j + 8r..j + 8r + 8 <= n of row i + row < m.
+                *reg = unsafe { _mm256_loadu_ps(c_ptr.add((i + row) * n + j + 8 * r)) };
+            }
+        }
+        let (a_ptr, b_ptr) = (a.as_ptr(), b.as_ptr());
+        for kk in 0..k_len {
+            // SAFETY: row kk < k_len of B, columns j..j + 16 <= n.
+            let bv: [__m256; 2] =
+                std::array::from_fn(|r| unsafe { _mm256_loadu_ps(b_ptr.add(kk * n + j + 8 * r)) });
+            for (row, acc_row) in acc.iter_mut().enumerate() {
+                // SAFETY: element kk < k_len of row i + row < m of A.
+                let s = _mm256_broadcast_ss(unsafe { &*a_ptr.add((i + row) * k_len + kk) });
+                for (reg, &bv) in acc_row.iter_mut().zip(&bv) {
+                    *reg = _mm256_fmadd_ps(s, bv, *reg);
+                }
+            }
+        }
+        for (row, acc_row) in acc.iter().enumerate() {
+            for (r, &reg) in acc_row.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm256_storeu_ps(c_ptr.add((i + row) * n + j + 8 * r), reg) };
+            }
+        }
     }
 
     /// Columns of `C` one block of [`block`] covers (four 16-lane registers).
@@ -181,6 +254,8 @@ mod tests {
             (3, 40, 64, 2),
             (64, 128, 64, 3),
             (7, 64, 80, 4),
+            (5, 3, 37, 5),
+            (2, 64, 16, 6),
         ] {
             let (a, b, c0) = (
                 values(m * k, seed),

@@ -6,9 +6,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::compute::quant::tiles::{
-    self, Q8Row, StridedRows, ROW_BIAS, ROW_BLOCK_BYTES, ROW_SCALE,
-};
+use crate::compute::quant::tiles::{self, Q8Row, StridedRows, ROW_BLOCK_BYTES, ROW_SCALE};
 
 use crate::compute::quant::q4::Q4_0_BYTES;
 use crate::compute::quant::q8::Q8_0_BYTES;
@@ -103,6 +101,83 @@ unsafe fn vnni_step_scaled(acc: &mut __m256, u: __m256i, yb: *const u8, d: *cons
     );
 }
 
+/// Sixteen i16 ones, for `vpmaddwd` to sum pairs (read from memory: the tiles use every
+/// register).
+static ONES: [i16; 16] = [1; 16];
+
+/// One Q8_0 weight block times one activation block of a [`Q8Row`] without VNNI, into
+/// `acc`: the activation quants take the signs of the weight quants (`vpsignb`), times
+/// the weights' magnitudes `u` (`vpmaddubsw`: unsigned times signed, pairs summed, which
+/// cannot saturate as |y| <= 127), pairs summed again, so each i32 lane is the exact sum
+/// of four products; then `acc = fma(dx * dy, lanes as f32, acc)`. One asm block for the
+/// reason of [`vnni_step`].
+///
+/// # Safety
+/// AVX2 and FMA; `xq` must point at the weight block's 32 quants, `yb` at a whole block of
+/// `ROW_BLOCK_BYTES` bytes whose quants are never -128 ([`Q8Row::signable`]), `ones` at
+/// [`ONES`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sign_step(
+    acc: &mut __m256,
+    u: __m256i,
+    xq: *const u8,
+    dx: __m256,
+    yb: *const u8,
+    ones: *const i16,
+) {
+    // SAFETY: AVX2/FMA instructions only (enabled here); the reads are the caller's 32
+    // bytes at `xq`, the block at `yb` (quants at 0, scales at ROW_SCALE = 64) and `ONES`,
+    // unaligned loads. Writes only `acc` and the two temporaries; no stack, no flags.
+    asm!(
+        "vmovdqu {t}, ymmword ptr [{yb}]",
+        "vpsignb {t}, {t}, ymmword ptr [{xq}]",
+        "vpmaddubsw {t}, {u}, {t}",
+        "vpmaddwd {t}, {t}, ymmword ptr [{ones}]",
+        "vcvtdq2ps {t}, {t}",
+        "vmulps {d}, {dx}, ymmword ptr [{yb} + 64]",
+        "vfmadd231ps {acc}, {d}, {t}",
+        acc = inout(ymm_reg) *acc,
+        u = in(ymm_reg) u,
+        xq = in(reg) xq,
+        dx = in(ymm_reg) dx,
+        yb = in(reg) yb,
+        ones = in(reg) ones,
+        t = out(ymm_reg) _,
+        d = out(ymm_reg) _,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+}
+
+/// One Q4_0 weight block (its nibbles `u`, 0..15) times one activation block without
+/// VNNI, into `acc`: `vpmaddubsw` (pair sums fit i16), pairs summed, plus the block's
+/// biases (the `- 8`), then `acc = fma(dx * dy, lanes as f32, acc)`.
+///
+/// # Safety
+/// AVX2 and FMA; `yb` must point at a whole block of `ROW_BLOCK_BYTES` bytes, `ones` at
+/// [`ONES`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibble_step(acc: &mut __m256, u: __m256i, dx: __m256, yb: *const u8, ones: *const i16) {
+    // SAFETY: as in `sign_step`; biases at ROW_BIAS = 32.
+    asm!(
+        "vpmaddubsw {t}, {u}, ymmword ptr [{yb}]",
+        "vpmaddwd {t}, {t}, ymmword ptr [{ones}]",
+        "vpaddd {t}, {t}, ymmword ptr [{yb} + 32]",
+        "vcvtdq2ps {t}, {t}",
+        "vmulps {d}, {dx}, ymmword ptr [{yb} + 64]",
+        "vfmadd231ps {acc}, {d}, {t}",
+        acc = inout(ymm_reg) *acc,
+        u = in(ymm_reg) u,
+        dx = in(ymm_reg) dx,
+        yb = in(reg) yb,
+        ones = in(reg) ones,
+        t = out(ymm_reg) _,
+        d = out(ymm_reg) _,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+}
+
 /// Exact `x * y` sums of signed bytes, four consecutive bytes per i32 lane, without VNNI:
 /// widened to i16 (so that -128 * -128 is exact), summed in pairs, then the pairs in pairs
 /// (`hadd` mixes the halves; the permutation restores the element order).
@@ -176,8 +251,8 @@ pub(super) unsafe fn weight_quants<const Q8: bool, const VNNI: bool>(xb: *const 
 /// `tiles::dot_tile` for Q8_0 (`Q8`) or Q4_0 weights: per block each weight row's quants
 /// are unpacked once and each activation row's loaded once, the `RM x RN` products kept
 /// in f32 lane accumulators. The lane sums are exact (VNNI: `vpdpbusd` started from the
-/// bias; else `lanes_i8_i8` or `lanes_u4_i8` plus the bias), the f32 steps those of
-/// `tiles::dot_tile_portable`.
+/// bias; else [`sign_step`], [`nibble_step`] or, for activations holding -128,
+/// `lanes_i8_i8`), the f32 steps those of `tiles::dot_tile_portable`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C, and AVX-VNNI if `VNNI`; every row of `w` must hold at least as
@@ -227,7 +302,30 @@ pub(super) unsafe fn dot_tile<
                 }
             }
         }
-    } else {
+    } else if VNNI {
+        for b in 0..blocks {
+            for i in 0..RM {
+                // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
+                let xb = w[i].as_ptr().add(b * bb);
+                if RN == 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
+                }
+                let dx = _mm256_set1_ps(half_at(xb));
+                let q = weight_quants::<Q8, true>(xb);
+                for j in 0..RN {
+                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES:
+                    // 32 quants, 8 biases and 8 copies of the scale.
+                    vnni_step(
+                        &mut acc[i][j],
+                        q,
+                        dx,
+                        y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES),
+                    );
+                }
+            }
+        }
+    } else if !Q8 || y.iter().all(|r| r.signable) {
+        let ones = ONES.as_ptr();
         for b in 0..blocks {
             for i in 0..RM {
                 // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
@@ -239,21 +337,37 @@ pub(super) unsafe fn dot_tile<
                     _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
                 }
                 let dx = _mm256_set1_ps(half_at(xb));
-                let q = weight_quants::<Q8, VNNI>(xb);
+                let q = weight_quants::<Q8, false>(xb);
+                // Q8_0: the magnitudes, the signs go onto the activation quants
+                let u = if Q8 { _mm256_abs_epi8(q) } else { q };
                 for j in 0..RN {
-                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES:
-                    // 32 quants, 8 biases and 8 copies of the scale.
+                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES,
+                    // and a Q8_0 weight block its 32 quants after the scale.
                     let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
-                    if VNNI {
-                        vnni_step(&mut acc[i][j], q, dx, yb);
-                        continue;
-                    }
-                    let bias = || _mm256_loadu_si256(yb.add(ROW_BIAS).cast());
-                    let lanes = if Q8 {
-                        lanes_i8_i8(q, _mm256_loadu_si256(yb.cast()))
+                    if Q8 {
+                        sign_step(&mut acc[i][j], u, xb.add(2), dx, yb, ones);
                     } else {
-                        _mm256_add_epi32(lanes_u4_i8(q, _mm256_loadu_si256(yb.cast())), bias())
-                    };
+                        nibble_step(&mut acc[i][j], u, dx, yb, ones);
+                    }
+                }
+            }
+        }
+    } else {
+        // Q8_0 activations holding -128, which the sign trick cannot negate: widened to
+        // i16 (only a Q8_0 `src1` given as such can hold it; quantizing never yields it).
+        for b in 0..blocks {
+            for i in 0..RM {
+                // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
+                let xb = w[i].as_ptr().add(b * bb);
+                if RN == 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
+                }
+                let dx = _mm256_set1_ps(half_at(xb));
+                let q = weight_quants::<Q8, false>(xb);
+                for j in 0..RN {
+                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES.
+                    let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
+                    let lanes = lanes_i8_i8(q, _mm256_loadu_si256(yb.cast()));
                     let d = _mm256_mul_ps(dx, _mm256_loadu_ps(yb.add(ROW_SCALE).cast()));
                     acc[i][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i][j]);
                 }
