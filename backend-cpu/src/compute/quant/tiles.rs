@@ -109,6 +109,7 @@ impl Q8Rows {
         let n = bytes.len() / Q8_0_BYTES;
         let mut out = vec![0u8; n * ROW_BLOCK_BYTES];
         let offset = kind.offset();
+        let mut signable = true;
         for (b, o) in bytes
             .chunks_exact(Q8_0_BYTES)
             .zip(out.chunks_exact_mut(ROW_BLOCK_BYTES))
@@ -121,6 +122,7 @@ impl Q8Rows {
             };
             o[..QK32].copy_from_slice(&b[2..]);
             for (l, q) in b[2..].chunks_exact(4).enumerate() {
+                signable &= !q.contains(&0x80);
                 let sum: i32 = q.iter().map(|&v| i32::from(v as i8)).sum();
                 o[ROW_BIAS + 4 * l..ROW_BIAS + 4 * l + 4]
                     .copy_from_slice(&(-offset * sum).to_le_bytes());
@@ -130,9 +132,6 @@ impl Q8Rows {
                 o[ROW_SCALE + 4 * l..ROW_SCALE + 4 * l + 4].copy_from_slice(&d);
             }
         }
-        let signable = !bytes
-            .chunks_exact(Q8_0_BYTES)
-            .any(|b| b[2..].contains(&0x80));
         Ok(Q8Rows {
             kind,
             blocks: k / QK32,

@@ -248,11 +248,35 @@ pub(super) unsafe fn weight_quants<const Q8: bool, const VNNI: bool>(xb: *const 
     }
 }
 
+/// How a tile kernel sums the products of a weight block with an activation block into
+/// i32 lanes: the const parameter of [`tile`].
+mod lane_sums {
+    /// `vpdpbusd` started from the block's biases ([`super::vnni_step`]).
+    pub const VNNI: u8 = 0;
+    /// `vpmaddubsw` with the signs moved onto the activations (Q8_0, [`super::sign_step`])
+    /// or the nibbles unsigned and the `- 8` in the biases (Q4_0, [`super::nibble_step`]).
+    pub const SIGN: u8 = 1;
+    /// Widened to i16 ([`super::lanes_i8_i8`]): Q8_0 activations holding -128, which the
+    /// sign trick cannot negate (only a Q8_0 `src1` given as such holds it; quantizing
+    /// never yields it).
+    pub const WIDE: u8 = 2;
+}
+
+/// The lane sums [`tile`] may use for activation rows `y` on this CPU.
+fn lane_sums_for<const Q8: bool, const VNNI: bool>(y: &[Q8Row<'_>]) -> u8 {
+    if VNNI {
+        lane_sums::VNNI
+    } else if !Q8 || y.iter().all(|r| r.signable) {
+        lane_sums::SIGN
+    } else {
+        lane_sums::WIDE
+    }
+}
+
 /// `tiles::dot_tile` for Q8_0 (`Q8`) or Q4_0 weights: per block each weight row's quants
 /// are unpacked once and each activation row's loaded once, the `RM x RN` products kept
-/// in f32 lane accumulators. The lane sums are exact (VNNI: `vpdpbusd` started from the
-/// bias; else [`sign_step`], [`nibble_step`] or, for activations holding -128,
-/// `lanes_i8_i8`), the f32 steps those of `tiles::dot_tile_portable`.
+/// in f32 lane accumulators. The lane sums are exact, the f32 steps those of
+/// `tiles::dot_tile_portable`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C, and AVX-VNNI if `VNNI`; every row of `w` must hold at least as
@@ -269,10 +293,32 @@ pub(super) unsafe fn dot_tile<
     y: &[Q8Row<'_>; RN],
     out: &mut [[f32; RN]; RM],
 ) {
+    // SAFETY (all three): the caller's guarantees; the lane sums are those the CPU has and
+    // the activations allow.
+    match lane_sums_for::<Q8, VNNI>(y) {
+        lane_sums::VNNI => tile::<RM, RN, Q8, { lane_sums::VNNI }>(w, y, out),
+        lane_sums::SIGN => tile::<RM, RN, Q8, { lane_sums::SIGN }>(w, y, out),
+        _ => tile::<RM, RN, Q8, { lane_sums::WIDE }>(w, y, out),
+    }
+}
+
+/// [`dot_tile`] with its lane sums chosen (`SUMS`, one of [`lane_sums`]).
+///
+/// # Safety
+/// As [`dot_tile`]; AVX-VNNI for [`lane_sums::VNNI`]; for [`lane_sums::SIGN`] and Q8_0
+/// weights no activation quant may be -128.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const RM: usize, const RN: usize, const Q8: bool, const SUMS: u8>(
+    w: &[&[u8]; RM],
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]; RM],
+) {
+    let vnni = SUMS == lane_sums::VNNI;
     let bb = if Q8 { Q8_0_BYTES } else { Q4_0_BYTES };
     let blocks = y.first().map_or(0, |r| r.blocks);
     let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-    if VNNI && RM == 4 {
+    if vnni && RM == 4 {
         // The scale products of a block step, four at a time: `dx` of the four weight
         // rows times each row's `dy` (the same f32 products as one by one).
         let mut scales = [[0f32; 4]; RN];
@@ -295,81 +341,52 @@ pub(super) unsafe fn dot_tile<
                 _mm_storeu_ps(s.as_mut_ptr(), _mm_mul_ps(dx, dy));
             }
             for i in 0..RM {
-                let q = weight_quants::<Q8, VNNI>(xb[i]);
+                let q = weight_quants::<Q8, true>(xb[i]);
                 for j in 0..RN {
                     let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
                     vnni_step_scaled(&mut acc[i][j], q, yb, &scales[j][i]);
                 }
             }
         }
-    } else if VNNI {
-        for b in 0..blocks {
-            for i in 0..RM {
-                // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
-                let xb = w[i].as_ptr().add(b * bb);
-                if RN == 1 {
-                    _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
-                }
-                let dx = _mm256_set1_ps(half_at(xb));
-                let q = weight_quants::<Q8, true>(xb);
-                for j in 0..RN {
-                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES:
-                    // 32 quants, 8 biases and 8 copies of the scale.
-                    vnni_step(
-                        &mut acc[i][j],
-                        q,
-                        dx,
-                        y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES),
-                    );
-                }
-            }
-        }
-    } else if !Q8 || y.iter().all(|r| r.signable) {
+    } else {
         let ones = ONES.as_ptr();
         for b in 0..blocks {
             for i in 0..RM {
                 // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
                 let xb = w[i].as_ptr().add(b * bb);
                 if RN == 1 {
-                    // One activation row: the weights stream from memory, several rows at a
-                    // time, which the hardware prefetchers follow badly. (A prefetch past the
-                    // end of the row is harmless: it does not fault.)
+                    // As above: the weights stream.
                     _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
                 }
                 let dx = _mm256_set1_ps(half_at(xb));
-                let q = weight_quants::<Q8, false>(xb);
-                // Q8_0: the magnitudes, the signs go onto the activation quants
-                let u = if Q8 { _mm256_abs_epi8(q) } else { q };
+                let q = if vnni {
+                    weight_quants::<Q8, true>(xb)
+                } else {
+                    weight_quants::<Q8, false>(xb)
+                };
+                // the sign trick multiplies the Q8_0 weights' magnitudes
+                let u = if Q8 && SUMS == lane_sums::SIGN {
+                    _mm256_abs_epi8(q)
+                } else {
+                    q
+                };
                 for j in 0..RN {
-                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES,
-                    // and a Q8_0 weight block its 32 quants after the scale.
+                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES
+                    // (32 quants, 8 biases, 8 copies of the scale), and a Q8_0 weight block
+                    // its 32 quants after the scale.
                     let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
-                    if Q8 {
-                        sign_step(&mut acc[i][j], u, xb.add(2), dx, yb, ones);
-                    } else {
-                        nibble_step(&mut acc[i][j], u, dx, yb, ones);
+                    match SUMS {
+                        lane_sums::VNNI => vnni_step(&mut acc[i][j], u, dx, yb),
+                        lane_sums::SIGN if Q8 => {
+                            sign_step(&mut acc[i][j], u, xb.add(2), dx, yb, ones)
+                        }
+                        lane_sums::SIGN => nibble_step(&mut acc[i][j], u, dx, yb, ones),
+                        _ => {
+                            let lanes = lanes_i8_i8(u, _mm256_loadu_si256(yb.cast()));
+                            let d = _mm256_mul_ps(dx, _mm256_loadu_ps(yb.add(ROW_SCALE).cast()));
+                            acc[i][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i][j]);
+                        }
                     }
-                }
-            }
-        }
-    } else {
-        // Q8_0 activations holding -128, which the sign trick cannot negate: widened to
-        // i16 (only a Q8_0 `src1` given as such can hold it; quantizing never yields it).
-        for b in 0..blocks {
-            for i in 0..RM {
-                // SAFETY: the caller guarantees `blocks` whole blocks in every weight row.
-                let xb = w[i].as_ptr().add(b * bb);
-                if RN == 1 {
-                    _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH).cast());
-                }
-                let dx = _mm256_set1_ps(half_at(xb));
-                let q = weight_quants::<Q8, false>(xb);
-                for j in 0..RN {
-                    // SAFETY: every activation row has `blocks` blocks of ROW_BLOCK_BYTES.
-                    let yb = y[j].bytes.as_ptr().add(b * ROW_BLOCK_BYTES);
-                    let lanes = lanes_i8_i8(q, _mm256_loadu_si256(yb.cast()));
-                    let d = _mm256_mul_ps(dx, _mm256_loadu_ps(yb.add(ROW_SCALE).cast()));
-                    acc[i][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i][j]);
                 }
             }
         }
@@ -382,7 +399,7 @@ pub(super) unsafe fn dot_tile<
 }
 
 /// `tiles::dot_rows`: [`dot_tile`] on its groups of four rows, then on the rest one by
-/// one.
+/// one, the lane sums chosen once.
 ///
 /// # Safety
 /// As [`dot_tile`], for every row of `w`; `out` as long as `w`.
@@ -392,12 +409,30 @@ pub(super) unsafe fn dot_rows<const RN: usize, const Q8: bool, const VNNI: bool>
     y: &[Q8Row<'_>; RN],
     out: &mut [[f32; RN]],
 ) {
+    // SAFETY (all three): as in `dot_tile`.
+    match lane_sums_for::<Q8, VNNI>(y) {
+        lane_sums::VNNI => rows::<RN, Q8, { lane_sums::VNNI }>(w, y, out),
+        lane_sums::SIGN => rows::<RN, Q8, { lane_sums::SIGN }>(w, y, out),
+        _ => rows::<RN, Q8, { lane_sums::WIDE }>(w, y, out),
+    }
+}
+
+/// [`dot_rows`] with its lane sums chosen, as in [`tile`].
+///
+/// # Safety
+/// As [`tile`], for every row of `w`; `out` as long as `w`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows<const RN: usize, const Q8: bool, const SUMS: u8>(
+    w: StridedRows<'_>,
+    y: &[Q8Row<'_>; RN],
+    out: &mut [[f32; RN]],
+) {
     tiles::for_each_group(
         w,
         out,
         // SAFETY: the caller's guarantees, row by row.
-        |g, o| unsafe { dot_tile::<4, RN, Q8, VNNI>(g, y, o) },
-        |r, o| unsafe { dot_tile::<1, RN, Q8, VNNI>(&[r], y, std::array::from_mut(o)) },
+        |g, o| unsafe { tile::<4, RN, Q8, SUMS>(g, y, o) },
+        |r, o| unsafe { tile::<1, RN, Q8, SUMS>(&[r], y, std::array::from_mut(o)) },
     );
 }
 
