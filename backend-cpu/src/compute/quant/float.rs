@@ -7,8 +7,10 @@
 //! else rounds to nearest even.
 //!
 //! The dot products follow the shape of ggml's SIMD `ggml_vec_dot_f32/f16/bf16`: products
-//! summed in 32 f32 lanes, the lanes reduced pairwise at the end (ggml multiplies and adds
-//! with FMA and adds the leftovers in double; the difference is a rounding-level one).
+//! fused into 32 f32 lanes (`mul_add`: one FMA where the CPU has it, as ggml's; a library
+//! call on the rare x86-64 CPU without, so that every CPU gets the same bits), the lanes
+//! reduced pairwise at the end (ggml adds the leftovers in double; the difference is a
+//! rounding-level one).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -141,7 +143,7 @@ pub(super) fn lanes_dot<const WX: usize, const WY: usize, Y: Copy>(
             }
         }
         for l in 0..LANES {
-            acc[l] += vx[l] * vy[l];
+            acc[l] = vx[l].mul_add(vy[l], acc[l]);
         }
     }
     finish_dot(acc, cx.remainder(), cy.remainder(), gx, gy)
@@ -161,7 +163,7 @@ pub(super) fn finish_dot<const WX: usize, const WY: usize, Y: Copy>(
     let tail = x_tail.chunks_exact(WX).zip(y_tail.chunks_exact(WY));
     for (a, (bx, by)) in acc.iter_mut().zip(tail) {
         if let (Some(bx), Some(by)) = (bx.first_chunk::<WX>(), by.first_chunk::<WY>()) {
-            *a += gx(*bx) * gy(*by);
+            *a = gx(*bx).mul_add(gy(*by), *a);
         }
     }
     let mut width = LANES / 2;

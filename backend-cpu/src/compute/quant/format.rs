@@ -294,7 +294,7 @@ static SPECS: &[Spec] = &[
         "f32",
         fp8::dequantize_f8_e4m3,
         fp8::quantize_f8_e4m3,
-        fp8::vec_dot_f8_e4m3_f32,
+        simd::vec_dot_f8_e4m3_f32,
     ),
 ];
 

@@ -104,6 +104,7 @@ pub(super) fn quantize_f8_e4m3(src: &[f32], dst: &mut [u8]) {
 }
 
 /// `ggml_vec_dot_f8_e4m3_f32`: an F8_E4M3 row with an F32 row (little-endian bytes).
+#[inline(always)]
 pub(super) fn vec_dot_f8_e4m3_f32(x: &[u8], y: &[u8]) -> f32 {
     lanes_dot(x, y, |[b]: [u8; 1]| f8_e4m3_to_f32(b), f32::from_le_bytes)
 }

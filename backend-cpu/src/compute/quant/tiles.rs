@@ -348,7 +348,7 @@ impl FloatRows {
 /// as f32 values (for F16 weights the exact widenings of F16 values; the caller widens each
 /// activation row once rather than once per weight row). Weight rows go four at a time
 /// through a register-blocked kernel where the CPU has one (AVX-512 or AVX2), which keeps
-/// `vec_dot`'s 32 lanes, multiply-then-add and reduction per output, so every result has
+/// `vec_dot`'s 32 lanes, FMAs and reduction per output, so every result has
 /// `vec_dot`'s bits whatever the grouping (that of [`dot_rows`]).
 pub fn dot_float_rows<const RN: usize>(
     kind: FloatRows,

@@ -98,7 +98,7 @@ unsafe fn dot_u8_i8_scaled(u: __m256i, s: __m256i, scale: i32) -> __m256i {
 }
 
 /// F16 x F16 row: the 32 lanes of `float::vec_dot_f16` as four vectors of eight, with the
-/// same multiply-then-add per lane, tail and reduction, so the result is bit-identical.
+/// same FMA per lane, tail and reduction, so the result is bit-identical.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -115,7 +115,7 @@ pub(super) unsafe fn vec_dot_f16(x: &[u8], y: &[u8]) -> f32 {
         for (k, acc) in acc.iter_mut().enumerate() {
             let vx = _mm256_cvtph_ps(load16(bx, 16 * k));
             let vy = _mm256_cvtph_ps(load16(by, 16 * k));
-            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(vx, vy));
+            *acc = _mm256_fmadd_ps(vx, vy, *acc);
         }
     }
     if cx.remainder().is_empty() && cy.remainder().is_empty() {
@@ -133,7 +133,7 @@ pub(super) unsafe fn vec_dot_f16(x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// Two F16 rows times one: [`vec_dot_f16`] of each, sharing the conversions of `y`
-/// (same lanes, same multiply-then-add, same reduction: the same bits).
+/// (same lanes, same FMAs, same reduction: the same bits).
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `x[0]`, `x[1]` and `y` of one length, a multiple of 64 bytes.
@@ -150,8 +150,8 @@ pub(super) unsafe fn vec_dot_f16_x2(x: &[&[u8]; 2], y: &[u8]) -> [f32; 2] {
             let vy = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(at).cast()));
             let va = _mm256_cvtph_ps(_mm_loadu_si128(a.add(at).cast()));
             let vb = _mm256_cvtph_ps(_mm_loadu_si128(b.add(at).cast()));
-            *ca = _mm256_add_ps(*ca, _mm256_mul_ps(va, vy));
-            *cb = _mm256_add_ps(*cb, _mm256_mul_ps(vb, vy));
+            *ca = _mm256_fmadd_ps(va, vy, *ca);
+            *cb = _mm256_fmadd_ps(vb, vy, *cb);
         }
     }
     acc.map(|a| {

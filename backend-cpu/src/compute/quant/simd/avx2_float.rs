@@ -1,6 +1,6 @@
 //! AVX2 kernels of the F16 / F32 MUL_MAT tiles, for CPUs without AVX-512 F: per output the
 //! 32 lanes of `float::vec_dot_f16` / `float::vec_dot_f32` as four ymm (quarters: lanes
-//! `8 q .. 8 q + 8`), each step's products added in step order (multiply, then add: no FMA)
+//! `8 q .. 8 q + 8`), each step's products fused in step order (one FMA each)
 //! and reduced as the AVX2 `vec_dot_f16` does, so every result has the portable bits.
 
 use std::arch::x86_64::*;
@@ -58,7 +58,7 @@ unsafe fn float_pass<const RM: usize, const RN: usize, const Q: usize, const F16
                 for i in 0..RM {
                     let x = weight_quarter::<F16>(w[i], s, q);
                     for j in 0..RN {
-                        acc[i][j][k] = _mm256_add_ps(acc[i][j][k], _mm256_mul_ps(x, yv[j]));
+                        acc[i][j][k] = _mm256_fmadd_ps(x, yv[j], acc[i][j][k]);
                     }
                 }
             }

@@ -159,7 +159,7 @@ unsafe fn float_half_pass<const RM: usize, const RN: usize, const F16: bool>(
             for i in 0..RM {
                 let x = weight_half::<F16>(w[i], s, h);
                 for j in 0..RN {
-                    acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(x, yv[j]));
+                    acc[i][j] = _mm512_fmadd_ps(x, yv[j], acc[i][j]);
                 }
             }
         }
@@ -171,8 +171,8 @@ unsafe fn float_half_pass<const RM: usize, const RN: usize, const F16: bool>(
 /// activation rows at `y` (f32; for F16 weights exact widenings of F16 values), `steps`
 /// steps of 32 values: per output the 32 lanes of `float::vec_dot_f16` /
 /// `float::vec_dot_f32` as two zmm (`lo`: lanes 0..16, `hi`: 16..32), each step's
-/// products added to them in step order (multiply, then add: no FMA, so the portable
-/// bits), and the reduction of [`reduce_halves`] (that of the AVX2 `vec_dot_f16`).
+/// products fused into them in step order (one FMA each, as the portable `mul_add`:
+/// the same bits), and the reduction of [`reduce_halves`] (that of the AVX2 `vec_dot_f16`).
 ///
 /// With more than four outputs the `lo` lanes of all steps go first, then the `hi` lanes
 /// (each accumulator sees the same additions in the same order, so the same bits): the
@@ -209,8 +209,8 @@ unsafe fn dot_float_tile_zmm<const RM: usize, const RN: usize, const F16: bool>(
                 for j in 0..RN {
                     let y0 = _mm512_loadu_ps(y[j].add(32 * s));
                     let y1 = _mm512_loadu_ps(y[j].add(32 * s + 16));
-                    lo[i][j] = _mm512_add_ps(lo[i][j], _mm512_mul_ps(x0, y0));
-                    hi[i][j] = _mm512_add_ps(hi[i][j], _mm512_mul_ps(x1, y1));
+                    lo[i][j] = _mm512_fmadd_ps(x0, y0, lo[i][j]);
+                    hi[i][j] = _mm512_fmadd_ps(x1, y1, hi[i][j]);
                 }
             }
         }

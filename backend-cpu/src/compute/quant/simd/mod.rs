@@ -12,7 +12,7 @@
 //! 256-bit instructions (default x86-64 code only has SSE2). The hottest dot products have
 //! explicit AVX2 versions instead: the quantized ones compute the same exact integer block
 //! sums as the portable code and combine them in f32 with the same scalar code in the same
-//! order, the F16 one keeps the portable code's 32 f32 lanes (multiply, then add), so their
+//! order, the F16 one keeps the portable code's 32 f32 lanes (one FMA per product), so their
 //! results are bit-identical (the tests check it).
 //!
 //! The Q4_0 / Q8_0 tile kernels (`tiles`, MUL_MAT) have an AVX2 version and, where CPUID
@@ -30,8 +30,8 @@
 //! Q8_0), streaming from memory up to 15% faster for Q4_0 (measured on Zen 5).
 //!
 //! The F16 and F32 MUL_MAT have one AVX-512 F tile kernel with the 32 lanes of
-//! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (multiply then add, no
-//! FMA). With one activation row (generation: the output projection streams several MB of
+//! `float::vec_dot_f16` / `float::vec_dot_f32` in two zmm per output (one FMA per
+//! product). With one activation row (generation: the output projection streams several MB of
 //! weights) it takes one weight row after the other, without software prefetch (one
 //! sequential stream, which the hardware prefetcher follows best). CPUs without AVX-512 F
 //! take the AVX2 version (`avx2_float.rs`): four ymm per output, a quarter of the lanes per
@@ -70,7 +70,7 @@ mod avx512f;
 mod expf;
 
 use super::tiles::{self, Q8Row, StridedRows, Q0};
-use super::{float, k_quants, q4, q5, q8, scan};
+use super::{float, fp8, k_quants, q4, q5, q8, scan};
 
 /// Whether the AVX2 paths are taken on this machine.
 #[cfg(test)]
@@ -137,6 +137,7 @@ multiversion! {
 
     vec_dot_f32(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_f32;
     vec_dot_bf16(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_bf16;
+    vec_dot_f8_e4m3_f32(x: &[u8], y: &[u8]) -> f32 = fp8::vec_dot_f8_e4m3_f32;
     vec_dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q2_k_q8_k;
     vec_dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 = k_quants::vec_dot_q3_k_q8_k;
 }
@@ -541,10 +542,16 @@ pub(super) fn dot_float_rows<const RN: usize>(
             return;
         }
     }
-    for (n, o) in out.iter_mut().enumerate().take(w.count()) {
-        for (o, y) in o.iter_mut().zip(y) {
-            *o = kind.portable(w.row(n), y);
+    let mut portable = || {
+        for (n, o) in out.iter_mut().enumerate().take(w.count()) {
+            for (o, y) in o.iter_mut().zip(y) {
+                *o = kind.portable(w.row(n), y);
+            }
         }
+    };
+    // the lanes' `mul_add` is one instruction with FMA, a library call without
+    if !with_fma(&mut portable) {
+        portable();
     }
 }
 
