@@ -124,9 +124,8 @@ pub struct Client {
     socket: Option<socket2::Socket>,
     activity: AtomicU8,
     holds_buffers: AtomicBool,
-    /// When the activity last changed, in nanoseconds since `epoch`.
-    since: AtomicU64,
-    epoch: Instant,
+    /// When the connection last became idle (or was admitted), on [`coarse_now`]'s clock.
+    idle_since: AtomicU64,
     moved: AtomicU64,
     closed: OnceLock<ServerClosed>,
 }
@@ -136,8 +135,8 @@ impl Client {
         Activity::from_u8(self.activity.load(Ordering::Relaxed))
     }
 
-    fn since(&self) -> u64 {
-        self.since.load(Ordering::Relaxed)
+    fn idle_since(&self) -> u64 {
+        self.idle_since.load(Ordering::Relaxed)
     }
 
     fn closing(&self) -> bool {
@@ -180,19 +179,38 @@ impl Client {
     }
 }
 
+// Called around every command of every connection: only the connection's own thread writes
+// these cells (the watchdog and admission only read them), so plain loads and stores do, not
+// locked read-modify-writes; and the clock is read only on becoming idle, the one change whose
+// time matters (which idle session gives way).
 impl Monitor for Client {
     fn activity(&self, activity: Activity, holds_buffers: bool) {
-        self.holds_buffers.store(holds_buffers, Ordering::Relaxed);
-        let before = self.activity.swap(activity.as_u8(), Ordering::Relaxed);
-        if before != activity.as_u8() {
-            let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.since.store(nanos, Ordering::Relaxed);
+        if self.holds_buffers.load(Ordering::Relaxed) != holds_buffers {
+            self.holds_buffers.store(holds_buffers, Ordering::Relaxed);
+        }
+        let now = activity.as_u8();
+        if self.activity.load(Ordering::Relaxed) != now {
+            if activity == Activity::Idle {
+                self.idle_since.store(coarse_now(), Ordering::Relaxed);
+            }
+            self.activity.store(now, Ordering::Relaxed);
         }
     }
 
     fn moved(&self, bytes: u64) {
-        self.moved.fetch_add(bytes, Ordering::Relaxed);
+        let total = self.moved.load(Ordering::Relaxed).wrapping_add(bytes);
+        self.moved.store(total, Ordering::Relaxed);
     }
+}
+
+/// Nanoseconds on the coarse monotonic clock: the kernel's last tick (a few milliseconds
+/// apart), read without a timestamp-counter read, fine enough to tell which session has been
+/// idle longest (sessions idle since the same tick give way in admission order).
+fn coarse_now() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+    seconds.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 #[derive(Debug, Default)]
@@ -218,7 +236,7 @@ impl Table {
         awaiting_hello()
             .find(|client| !client.header_waiting())
             .or_else(|| awaiting_hello().next())
-            .or_else(|| candidates().min_by_key(|client| client.since()))
+            .or_else(|| candidates().min_by_key(|client| client.idle_since()))
             .cloned()
     }
 
@@ -233,7 +251,6 @@ impl Table {
 #[derive(Debug)]
 struct Shared {
     limits: Limits,
-    epoch: Instant,
     table: Mutex<Table>,
 }
 
@@ -303,7 +320,6 @@ impl ClientSlots {
     pub fn with_limits(limits: Limits) -> ClientSlots {
         let shared = Arc::new(Shared {
             limits,
-            epoch: Instant::now(),
             table: Mutex::default(),
         });
         if let Some(tick) = limits.tick() {
@@ -370,10 +386,7 @@ impl ClientSlots {
             socket,
             activity: AtomicU8::new(Activity::AwaitingHello.as_u8()),
             holds_buffers: AtomicBool::new(false),
-            since: AtomicU64::new(
-                u64::try_from(now.duration_since(self.shared.epoch).as_nanos()).unwrap_or(0),
-            ),
-            epoch: self.shared.epoch,
+            idle_since: AtomicU64::new(coarse_now()),
             moved: AtomicU64::new(0),
             closed: OnceLock::new(),
         });
@@ -541,6 +554,27 @@ mod tests {
         // Only the idle session holding buffers is left, and it never gives way.
         assert!(slots.admit(at(8), &socket).is_none());
         assert_eq!(holding.closed_for(), None);
+    }
+
+    #[test]
+    fn the_session_that_became_idle_first_gives_way_whatever_its_age() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (socket, _client) = pair(&listener);
+        let slots = ClientSlots::new(2);
+        let at = |port| peer([10, 0, 0, 1], port);
+        let older = slots.admit(at(1), &socket).unwrap();
+        older.client.activity(Activity::Sending, false);
+        let newer = slots.admit(at(2), &socket).unwrap();
+        newer.client.activity(Activity::Idle, false);
+        // Past a few ticks of the coarse clock.
+        std::thread::sleep(Duration::from_millis(50));
+        older.client.activity(Activity::Idle, false);
+        // Staying idle (polled again) does not restart its idle time.
+        std::thread::sleep(Duration::from_millis(50));
+        newer.client.activity(Activity::Idle, false);
+        let _a = slots.admit(at(3), &socket).unwrap();
+        assert_eq!(newer.closed_for(), Some(ServerClosed::GaveWay));
+        assert_eq!(older.closed_for(), None);
     }
 
     #[test]

@@ -45,8 +45,10 @@ impl Activity {
 }
 
 /// Told what a connection does and how many bytes it moved (see
-/// [`Connection::set_monitor`](super::Connection::set_monitor)). Called on the connection's
-/// own thread; must be cheap (a store, an add).
+/// [`Connection::set_monitor`](super::Connection::set_monitor)). Called around every command
+/// by whichever thread holds the connection (one at a time, handed over with the connection),
+/// so an implementation may treat its cells as written by one thread; must be cheap (a load, a
+/// store).
 pub trait Monitor: Send + Sync {
     /// The connection's activity after a poll, and whether the client holds buffers.
     fn activity(&self, activity: Activity, holds_buffers: bool);
