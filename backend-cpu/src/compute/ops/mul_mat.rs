@@ -32,10 +32,10 @@
 //! over a few long column ranges rather than cache-sized tiles), and Q4_K
 //! weights take `quant::dot_q4_k_rows` (each weight block's scales and quants decoded once
 //! for eight activation rows, sixteen with AVX-512 VNNI, in the wider tiles of the Q4_0 /
-//! Q8_0 kernels), all again with the bits of `quant::vec_dot`. A tile of F16 weights that six
-//! activation rows or more pass over is widened to f32 once and goes through the F32 kernel
-//! (the same bits: only the loads differ), rather than every group of three converting it
-//! again (256 x 256 weights by 64 rows: 145 -> 123 us; ggml-cpu's tinyBLAS 112 us).
+//! Q8_0 kernels), all again with the bits of `quant::vec_dot`. On CPUs where that is faster
+//! (`quant::widen_f16_tiles`: AMD's), a tile of F16 weights that six activation rows or more
+//! pass over is widened to f32 once and goes through the F32 kernel (the same bits: only the
+//! loads differ), rather than every group of three converting it again.
 //!
 //! MUL_MAT_ID (`ggml_compute_forward_mul_mat_id`): `dst[:, e, t] = w[:, :, ids[e, t]] ·
 //! x[:, e % ne11, t]`; every expert id is checked before anything is written. Parts are column
@@ -681,7 +681,7 @@ impl<'y> GroupKernel<&'y [u8]> for RowKernel {
 
     fn widened(&self) -> Option<RowKernel> {
         match self {
-            RowKernel::Float(quant::FloatRows::F16) => {
+            RowKernel::Float(quant::FloatRows::F16) if quant::widen_f16_tiles() => {
                 Some(RowKernel::Float(quant::FloatRows::F32))
             }
             _ => None,

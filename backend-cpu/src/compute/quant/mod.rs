@@ -66,10 +66,12 @@ mod tests;
 // Register-blocked Q4_0 / Q8_0 dot products (MUL_MAT's tile kernels).
 mod tiles;
 
+#[cfg(test)]
+pub(crate) use tiles::force_widen_f16_tiles;
 pub use tiles::{
     columns_to_rows, dot_f16_x2, dot_float_rows, dot_float_rows_fast, dot_q4_k_rows,
-    dot_q4_k_rows_wide, dot_rows, dot_rows_wide, dot_tile, FloatRows, Q8Row, Q8Rows, StridedRows,
-    Q0,
+    dot_q4_k_rows_wide, dot_rows, dot_rows_wide, dot_tile, widen_f16_tiles, FloatRows, Q8Row,
+    Q8Rows, StridedRows, Q0,
 };
 
 #[cfg(test)]

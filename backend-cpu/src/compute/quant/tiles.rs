@@ -276,6 +276,36 @@ pub fn dot_rows_wide() -> bool {
     super::simd::has_avx512_vnni()
 }
 
+/// Whether MUL_MAT widens a tile of F16 weights to f32 once for the activation rows that pass
+/// over it and runs the F32 kernel on it, rather than run the F16 kernel, which widens each
+/// weight vector as it loads it (the same bits either way). Measured per CPU vendor, 256 x 256
+/// weights by 64 rows (`float_gemm` of `benches/tiles.rs`) and llama-bench's tiny F16 pp64:
+/// on AMD EPYC (AVX-512) widening took the tile from 145 to 123 us; on Intel Xeon (AVX-512)
+/// the F16 kernel takes 89 us against the F32 one's 108 before any widening, and pp64 ran
+/// 1.16-1.24x faster without it.
+pub fn widen_f16_tiles() -> bool {
+    match WIDEN_F16_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => super::simd::amd_cores(),
+    }
+}
+
+/// A test's choice for [`widen_f16_tiles`]: 0 the CPU's, 1 never, 2 always (the same bits
+/// either way, so other tests running meanwhile are not affected).
+static WIDEN_F16_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Forces [`widen_f16_tiles`] (`Some`) or gives the choice back to the CPU (`None`).
+#[cfg(test)]
+pub(crate) fn force_widen_f16_tiles(widen: Option<bool>) {
+    let value = match widen {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    WIDEN_F16_OVERRIDE.store(value, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether [`dot_q4_k_rows`] is better called with 16 activation rows than 8 on this CPU
 /// (its AVX-512 VNNI kernel computes one activation row per i32 lane of a zmm).
 pub fn dot_q4_k_rows_wide() -> bool {

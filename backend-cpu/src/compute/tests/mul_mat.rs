@@ -327,10 +327,11 @@ fn mul_mat_id_routes_tokens_to_experts() {
 
 #[test]
 fn mul_mat_float_weights_give_the_bits_of_vec_dot_per_output() {
-    // F16 and F32 weights with many activation rows per weight matrix (the F16 tiles are
-    // widened to f32 once for them), with few (one group, then single rows), broadcast over
-    // dim 2, on one and several threads: every output is `quant::vec_dot` of its weight row
-    // with its activation row in the vec_dot_type, to the bit.
+    // F16 and F32 weights with many activation rows per weight matrix (F16 tiles widened to
+    // f32 once for them, and not: `quant::widen_f16_tiles` picks per CPU), with few (one
+    // group, then single rows), broadcast over dim 2, on one and several threads: every
+    // output is `quant::vec_dot` of its weight row with its activation row in the
+    // vec_dot_type, to the bit.
     let mut rng = Rng::new(77);
     for w_type in [ty::F16, ty::F32] {
         for (k, m, n) in [(256, 37, 20), (64, 256, 7), (96, 5, 3), (32, 70, 1)] {
@@ -361,14 +362,18 @@ fn mul_mat_float_weights_give_the_bits_of_vec_dot_per_output() {
                         .to_bits()
                 })
                 .collect();
-            for threads in [1, 3] {
-                let out = g.run(threads).unwrap();
-                let got: Vec<u32> = g.read(&out, mm).iter().map(|v| v.to_bits()).collect();
-                assert_eq!(
-                    got, want,
-                    "type {w_type} k {k} m {m} n {n} threads {threads}"
-                );
+            for widen in [false, true] {
+                quant::force_widen_f16_tiles(Some(widen));
+                for threads in [1, 3] {
+                    let out = g.run(threads).unwrap();
+                    let got: Vec<u32> = g.read(&out, mm).iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(
+                        got, want,
+                        "type {w_type} k {k} m {m} n {n} widen {widen} threads {threads}"
+                    );
+                }
             }
+            quant::force_widen_f16_tiles(None);
         }
     }
 }

@@ -376,6 +376,30 @@ pub(super) fn has_avx512_vnni() -> bool {
     }
 }
 
+/// Whether the CPU is AMD's (CPUID vendor "AuthenticAMD", or "HygonGenuine", whose cores are
+/// AMD's), probed once: for kernel choices measured per vendor.
+pub(super) fn amd_cores() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AMD.get_or_init(|| {
+            let leaf = std::arch::x86_64::__cpuid(0);
+            let mut vendor = [0u8; 12];
+            for (part, word) in vendor
+                .chunks_exact_mut(4)
+                .zip([leaf.ebx, leaf.edx, leaf.ecx])
+            {
+                part.copy_from_slice(&word.to_le_bytes());
+            }
+            matches!(&vendor, b"AuthenticAMD" | b"HygonGenuine")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `scan::row_max`: the AVX2 lane maximum and NaN test where the CPU has AVX2+FMA+F16C (the
 /// same value; a row with a NaN goes back to the in-order scan), the portable code otherwise.
 pub(super) fn row_max(w: &[f32]) -> f32 {
