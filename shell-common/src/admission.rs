@@ -206,11 +206,20 @@ impl Monitor for Client {
 /// Nanoseconds on the coarse monotonic clock: the kernel's last tick (a few milliseconds
 /// apart), read without a timestamp-counter read, fine enough to tell which session has been
 /// idle longest (sessions idle since the same tick give way in admission order).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 fn coarse_now() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
     seconds.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// Nanoseconds since the first call, where the system has no coarse clock.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn coarse_now() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let elapsed = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
+    u64::try_from(elapsed).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Default)]
