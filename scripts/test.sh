@@ -149,6 +149,16 @@ bash scripts/conformance/tp.sh --testbed
 bash scripts/conformance/tls.sh
 bash scripts/bench-tls.sh --rounds 1 --size 16MiB --iterations 2
 
+step "benchmarks, short versions (the full runs are by hand: README.md, \"Benchmarks\")"
+# The shells benchmark: one short round of every shell and b11434's server, the client and the
+# servers pinned to one CPU; fails if any measurement fails. About 1 min.
+BENCH_ROUNDS=1 BENCH_SECONDS=0.5 BENCH_REPEAT=1 BENCH_PIN=same \
+    cargo bench -p ggml-rpc-server --bench shells
+# llama-bench through our server and the reference on the tiny models, one repetition of a short
+# prompt and generation: b11434 with flash attention off, b12032+1 with it on. About 1 min.
+bash scripts/conformance/bench-llama.sh --tiny-only -r 1 --rounds 1 -p 16 -n 8
+bash scripts/conformance/bench-llama.sh --peer b12032 --fa on --tiny-only -r 1 --rounds 1 -p 16 -n 8
+
 step "fuzz (${FUZZ_SECONDS}s per target)"
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
     bash scripts/fuzz.sh "$FUZZ_SECONDS"

@@ -3,7 +3,8 @@
 //! * `mul_mat/*`: MUL_MAT of 4096 x 4096 weights (F32, F16, Q8_0, Q4_0) by 1 and 64 activation
 //!   rows (generation and prompt processing), in FLOP/s;
 //! * `flash_attn/*`: FLASH_ATTN_EXT with 32 query heads over 8 F16 KV heads of 128, one query
-//!   against 4096 keys and 128 queries against 512;
+//!   against 4096 keys and 128 queries against 512, and 4 query heads over 2 KV heads of 64,
+//!   64 queries against 256 keys (the tiny conformance model's prompt in llama-bench);
 //! * `node_overhead/*`: 300 chained SCALE nodes of 64 Ki elements on 1, 2, 4 and 8 threads: the
 //!   cost of spreading small nodes over the threads.
 //!
@@ -175,8 +176,12 @@ fn mul_mat(c: &mut Criterion) {
 fn flash_attn(c: &mut Criterion) {
     let mut group = c.benchmark_group("flash_attn");
     let mut seed = 21;
-    let (d, heads, kv_heads) = (128, 32, 8);
-    for (n_q, n_kv) in [(1, 4096), (128, 512)] {
+    for (d, heads, kv_heads, n_q, n_kv) in [
+        (128, 32, 8, 1, 4096),
+        (128, 32, 8, 128, 512),
+        // the tiny conformance model's prompt of 64 in llama-bench's cache of 256
+        (64, 4, 2, 64, 256),
+    ] {
         let mut net = Net::default();
         let q = values(d * n_q * heads, 1.0, &mut seed);
         let q = net.input(id::F32, [d, n_q, heads, 1], &encode(id::F32, &q, d));
@@ -193,7 +198,7 @@ fn flash_attn(c: &mut Criterion) {
             &[scale, 0, 0, 0],
         );
         let (backend, graph) = net.load(threads());
-        group.bench_function(format!("q{n_q}_kv{n_kv}"), |b| {
+        group.bench_function(format!("d{d}_h{heads}_q{n_q}_kv{n_kv}"), |b| {
             b.iter(|| backend.graph_compute(0, black_box(&graph)).unwrap())
         });
     }

@@ -33,12 +33,19 @@
 //! `BENCH_ONLY` (comma-separated subset of `big,rtt,multi,multirtt,rss`), `BENCH_BASELINE`
 //! (another build of `ggml-rpc-server`, e.g. of an earlier commit: each shell of it joins the
 //! rounds as `base-NAME`, and the table gets a "vs baseline" column, this build's shell against
-//! the same shell of the baseline: a before/after comparison in one run).
+//! the same shell of the baseline: a before/after comparison in one run), `BENCH_PIN`
+//! (`split`: every server on the last CPU and this process on the first; `same`: both on the
+//! first; unset: wherever the scheduler puts them). A one-client round trip is mostly
+//! wake-ups, much cheaper when the client and the server share a CPU than across CPUs, and
+//! unpinned rounds switch between the two as the scheduler places the threads: pinned, its
+//! rate is a stable figure (README, "Shells against the reference server"). Pinning applies to
+//! every measurement (with `split` a server has one CPU for its 16 clients).
 
 mod load;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -101,6 +108,17 @@ fn main() {
         }
     }
 
+    // Before any thread starts, so that every thread of this process inherits the CPU.
+    if let Some(cpus) = &pinning().client {
+        let pinned = Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
+            .stdout(Stdio::null())
+            .status();
+        if !pinned.is_ok_and(|status| status.success()) {
+            eprintln!("BENCH_PIN: cannot pin this process to CPU {cpus} (taskset)");
+            std::process::exit(2);
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -115,6 +133,7 @@ fn main() {
     // after the reference, or while the machine still settles). The table gives medians and
     // the range of the per-round ratios.
     let mut rounds = Vec::new();
+    let mut failed = 0;
     for round in 0..rounds_wanted.max(1) {
         let mut rows = Vec::new();
         let mut order: Vec<_> = targets.iter().collect();
@@ -144,7 +163,10 @@ fn main() {
                 },
             )) {
                 Ok(()) => {}
-                Err(error) => eprintln!("{name}: measurement failed: {error}"),
+                Err(error) => {
+                    eprintln!("{name}: measurement failed: {error}");
+                    failed += 1;
+                }
             }
             eprintln!("{row:?}");
             rows.push(row);
@@ -152,6 +174,10 @@ fn main() {
         rounds.push(rows);
     }
     print_table(&rounds);
+    if failed > 0 {
+        eprintln!("{failed} measurement(s) failed");
+        std::process::exit(1);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -168,12 +194,17 @@ async fn measure(
 ) -> Result<(), BoxError> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let wanted = |metric: &str| only.is_empty() || only.split(',').any(|m| m.trim() == metric);
+    let failures = std::cell::Cell::new(0);
     // Throughput and rates on one server process.
     {
         let server = ServerProcess::start(program, args)?;
         let addr = server.addr;
-        // A failed measurement is reported and left at 0; the others go on.
-        let report = |what: &str, error: BoxError| eprintln!("  {what} failed: {error}");
+        // A failed measurement is reported and left at 0; the others go on, and the server's
+        // measurement fails at the end.
+        let report = |what: &str, error: BoxError| {
+            eprintln!("  {what} failed: {error}");
+            failures.set(failures.get() + 1);
+        };
         if wanted("big") {
             let cpu = server.cpu_seconds()?;
             match big_transfer(addr, big, repeat).await {
@@ -249,7 +280,10 @@ async fn measure(
             row.peak_rss_mib
         );
     }
-    Ok(())
+    match failures.get() {
+        0 => Ok(()),
+        n => Err(format!("{n} of its measurements failed").into()),
+    }
 }
 
 /// SET then GET of one tensor of `data.len()` bytes, `repeat` times; the best GB/s of each.
@@ -418,7 +452,15 @@ impl ServerProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new(program)
+        let mut command = match &pinning().server {
+            Some(cpus) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", cpus, program]);
+                taskset
+            }
+            None => Command::new(program),
+        };
+        let child = command
             .args(["-p", &port.to_string()])
             .args(args)
             .env("RUST_LOG", "warn")
@@ -490,6 +532,34 @@ fn clock_ticks() -> f64 {
         .ok()
         .and_then(|out| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
         .unwrap_or(100.0)
+}
+
+/// The CPUs (`taskset -c` lists) that `BENCH_PIN` gives this process and the servers.
+#[derive(Debug, Clone, Default)]
+struct Pinning {
+    client: Option<String>,
+    server: Option<String>,
+}
+
+/// Read once, before this process pins itself (which changes the CPUs it can see).
+fn pinning() -> &'static Pinning {
+    static PINNING: OnceLock<Pinning> = OnceLock::new();
+    PINNING.get_or_init(|| {
+        let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+        let (client, server) = match std::env::var("BENCH_PIN").as_deref() {
+            Err(_) | Ok("") => return Pinning::default(),
+            Ok("split") => ("0".to_owned(), last.to_string()),
+            Ok("same") => ("0".to_owned(), "0".to_owned()),
+            Ok(other) => {
+                eprintln!("BENCH_PIN={other}: expected split or same");
+                std::process::exit(2);
+            }
+        };
+        Pinning {
+            client: Some(client),
+            server: Some(server),
+        }
+    })
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

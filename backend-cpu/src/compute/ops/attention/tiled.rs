@@ -69,7 +69,16 @@ pub(super) fn run(
     // Parts of whole query positions (every head of a query), so that a part holds tiles of
     // consecutive queries of one head: destination rows run over heads first.
     let positions = layout.rows() / n_head;
-    let chunk = node.pool.chunk(positions, n_head * n_kv * (dk + dv));
+    // A part's queries make its tiles, and every tile reloads (and transposes) its K/V tiles:
+    // parts as short as the pool's usual share (a prompt of 64 queries cut into 8 parts) would
+    // load each K/V tile 8 times per head. Parts hold at least a full tile, or an even share
+    // of the queries between the threads when there are fewer (ggml's chunks, one head each,
+    // give its tiles the same length).
+    let share = positions.div_ceil(node.pool.threads()).clamp(1, TILE_Q);
+    let chunk = node
+        .pool
+        .chunk(positions, n_head * n_kv * (dk + dv))
+        .max(share);
     let parts = dst.split_rows(chunk * n_head);
     node.pool.run_with(
         parts,
