@@ -104,23 +104,26 @@ pub(super) unsafe fn columns_to_rows3_zmm(group: &[f32], out: &mut [f32]) -> usi
 
 /// Consecutive weight rows per pass of the one-activation-row float loop ([`dot_float_row1_zmm`]).
 ///
-/// One row at a time, with no software prefetch, as ggml's `ggml_vec_dot_f16` streams the
-/// output projection: the hardware prefetcher follows one sequential stream best. Measured
-/// with a timing loop over `bench::dot_float_row1_variant` on a 32000 x 256 F16 matrix on huge pages (Zen 4 VM shared
-/// with other tenants, medians of 60 passes, us, warm / after evicting the caches with 64 MB
-/// of other writes): one row, no prefetch, 566-609 / 692-765; one row 1-8 KiB ahead 524-752
-/// / 836-1098; three rows 16 KiB ahead (the former choice, tuned when the matrix stayed in
-/// L3) 1706-1965 / 1990-2031; two to four rows without prefetch 2100-7000 (several
-/// interleaved streams defeat the hardware prefetcher). ggml's own MUL_MAT of that shape
-/// took about the same as one row without prefetch. Under llama-bench the matrix rarely
-/// stays in L3 between tokens (the layers and the network pass in between, and the L3 is
-/// shared), so the cold figures are the ones that count. F32 weights (32 MB) the same: one
-/// row without prefetch 1358-1828 us, 8 KiB ahead 1247-4559.
+/// One row at a time, as ggml's `ggml_vec_dot_f16` streams the output projection: the
+/// hardware prefetcher follows one sequential stream best. Two to four interleaved rows
+/// (`bench::dot_float_row1_variant`) were much slower on Zen 4 and, on Intel, slower for F16
+/// weights and no faster for F32 than one row with the prefetch below.
 const ROW1_GROUP: usize = 1;
 
-/// Bytes ahead of the current weight rows that the one-activation-row float loop
-/// prefetches (0: none; see [`ROW1_GROUP`]).
-const ROW1_PREFETCH: usize = 0;
+/// How far ahead of the current weight row the one-activation-row float loop prefetches,
+/// in rows (0: none), on this CPU.
+///
+/// Under llama-bench the output projection rarely stays in cache between tokens, so the
+/// cold passes of `cargo bench -p backend-cpu --bench tiles -- float_row1` decide: on Intel
+/// (Xeon, AVX-512) two rows ahead was clearly faster for F32 and F16 weights, one or four
+/// less so; on AMD (Zen 4) any prefetch was slower, so none there.
+fn row1_prefetch_rows() -> usize {
+    if super::amd_cores() {
+        0
+    } else {
+        2
+    }
+}
 
 /// Half `h` (values `16 h .. 16 h + 16`) of step `s` (32 values) of a float weight row
 /// at `w` (F16 if `F16`, else F32), widened to f32.
@@ -226,16 +229,17 @@ unsafe fn dot_float_tile_zmm<const RM: usize, const RN: usize, const F16: bool>(
 /// `tiles::dot_float_rows` with one activation row (generation), whose weights stream
 /// from memory (the output projection, several MB): in one sequential stream,
 /// consecutive rows `G` at a time through the tile kernel, each group's rows prefetched
-/// `PF` bytes ahead (none if 0), then the rest one by one.
+/// `ahead` bytes ahead (none if 0), then the rest one by one.
 ///
 /// # Safety
 /// AVX-512 F, AVX2, FMA and F16C; `32 * steps` f32 at `y`; every row of `w` at least
 /// `64 * steps` (F16) or `128 * steps` bytes; `out` as long as `w`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn dot_float_row1_zmm<const F16: bool, const G: usize, const PF: usize>(
+pub(super) unsafe fn dot_float_row1_zmm<const F16: bool, const G: usize>(
     w: StridedRows<'_>,
     y: *const f32,
     steps: usize,
+    ahead: usize,
     out: &mut [f32],
 ) {
     let groups = w.count() / G;
@@ -244,11 +248,11 @@ pub(super) unsafe fn dot_float_row1_zmm<const F16: bool, const G: usize, const P
     for (g, o) in head.iter_mut().enumerate() {
         let first = g * G;
         let rows: [*const u8; G] = std::array::from_fn(|i| w.row(first + i).as_ptr());
-        if PF > 0 {
+        if ahead > 0 {
             for &r in &rows {
                 for line in (0..w.row_len()).step_by(64) {
                     // a hint (nothing is read, any address is allowed)
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(PF + line).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(ahead + line).cast());
                 }
             }
         }
@@ -285,7 +289,8 @@ pub(super) unsafe fn dot_float_rows_zmm<const RN: usize, const F16: bool>(
         // SAFETY: the caller's guarantees.
         unsafe {
             let (y, o) = (yp[0], out.as_flattened_mut());
-            dot_float_row1_zmm::<F16, ROW1_GROUP, ROW1_PREFETCH>(w, y, steps, o)
+            let ahead = row1_prefetch_rows() * w.row_len();
+            dot_float_row1_zmm::<F16, ROW1_GROUP>(w, y, steps, ahead, o)
         };
         return;
     }

@@ -283,28 +283,29 @@ pub fn dot_tile_variant<const RM: usize, const RN: usize>(
     None
 }
 
-/// The one-activation-row float kernel with `G` rows per group and prefetch distance `PF`,
-/// for the tile benchmarks (`benches/tiles.rs`); `None` where the CPU lacks AVX-512 F or the
-/// rows have a tail.
-pub fn dot_float_row1_variant<const G: usize, const PF: usize>(
+/// The one-activation-row float kernel with `G` rows per group, each prefetched
+/// `ahead_rows` rows ahead (none if 0), for the tile benchmarks (`benches/tiles.rs`); `None`
+/// where the CPU lacks AVX-512 F or the rows have a tail.
+pub fn dot_float_row1_variant<const G: usize>(
     kind: tiles::FloatRows,
     w: StridedRows<'_>,
     y: &[f32],
+    ahead_rows: usize,
     out: &mut [f32],
 ) -> Option<()> {
     #[cfg(target_arch = "x86_64")]
     {
         let ok = w.row_len() == kind.bytes() * y.len() && out.len() == w.count();
         if ok && dot_float_rows_fast(y.len()) && avx512f::has_avx512f() {
-            let steps = y.len() / 32;
+            let (steps, ahead) = (y.len() / 32, ahead_rows * w.row_len());
             // SAFETY: features and lengths checked.
             unsafe {
                 match kind {
                     tiles::FloatRows::F16 => {
-                        avx512f::dot_float_row1_zmm::<true, G, PF>(w, y.as_ptr(), steps, out)
+                        avx512f::dot_float_row1_zmm::<true, G>(w, y.as_ptr(), steps, ahead, out)
                     }
                     tiles::FloatRows::F32 => {
-                        avx512f::dot_float_row1_zmm::<false, G, PF>(w, y.as_ptr(), steps, out)
+                        avx512f::dot_float_row1_zmm::<false, G>(w, y.as_ptr(), steps, ahead, out)
                     }
                 }
             }
