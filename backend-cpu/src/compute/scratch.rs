@@ -5,17 +5,22 @@
 //! token's server time outside the matrix products. [`zeroed`] hands out a vector of the
 //! length asked, zeroed as a fresh one would be, taken from the calling thread's spares when
 //! it has one; dropping the [`Scratch`] gives it back. Nothing is shared between threads, and
-//! a thread keeps only a few vectors of bounded size, so memory stays small.
+//! a thread keeps only a few vectors of bounded total size, so memory stays small.
+//!
+//! A prompt's per-node activation copies (a few hundred KiB to some MiB) come from here too:
+//! freshly allocated every node, glibc hands such sizes back to the kernel and takes them
+//! again, and every page of them faults anew.
 
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::thread::LocalKey;
 
 /// Spare vectors a thread keeps per element type.
-const KEPT: usize = 8;
+const KEPT: usize = 16;
 
-/// Vectors above this many bytes of capacity are freed instead of kept.
-const KEPT_BYTES: usize = 4 << 20;
+/// Bytes of capacity a thread keeps per element type, all its spares together; a vector that
+/// would take the total past it is freed instead of kept.
+const KEPT_BYTES: usize = 16 << 20;
 
 /// An element type with a per-thread spare list.
 pub(crate) trait Spare: Copy + Default + 'static {
@@ -36,7 +41,7 @@ macro_rules! spare_type {
     )*};
 }
 
-spare_type!(f32 => SPARE_F32, u8 => SPARE_U8, u16 => SPARE_U16);
+spare_type!(f32 => SPARE_F32, u8 => SPARE_U8, u16 => SPARE_U16, usize => SPARE_USIZE);
 
 /// A scratch vector; derefs to `Vec<T>` (kernels may resize it) and goes back to the thread's
 /// spares on drop.
@@ -81,13 +86,15 @@ impl<T: Spare> DerefMut for Scratch<T> {
 impl<T: Spare> Drop for Scratch<T> {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
-        if v.capacity() == 0 || v.capacity() * std::mem::size_of::<T>() > KEPT_BYTES {
+        let bytes = |v: &Vec<T>| v.capacity() * std::mem::size_of::<T>();
+        if v.capacity() == 0 || bytes(&v) > KEPT_BYTES {
             return;
         }
         // During thread teardown the list may be gone: the vector is then simply freed.
         let _ = T::spares().try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut() {
-                if s.len() < KEPT {
+                let kept: usize = s.iter().map(bytes).sum();
+                if s.len() < KEPT && kept + bytes(&v) <= KEPT_BYTES {
                     s.push(v);
                 }
             }
@@ -132,6 +139,15 @@ mod tests {
         drop(zeroed::<u8>(KEPT_BYTES + 1));
         let kept = SPARE_U8.with(|s| s.borrow().iter().map(|v| v.capacity()).max());
         assert!(kept.unwrap_or(0) <= KEPT_BYTES);
+    }
+
+    #[test]
+    fn a_thread_keeps_a_bounded_total() {
+        let half = KEPT_BYTES / 2 / std::mem::size_of::<usize>();
+        let three: Vec<_> = (0..3).map(|_| zeroed::<usize>(half)).collect();
+        drop(three);
+        let kept: usize = SPARE_USIZE.with(|s| s.borrow().iter().map(|v| v.capacity()).sum());
+        assert_eq!(kept, 2 * half, "two halves kept, the third freed");
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub(super) fn get_rows_back(node: &Node<'_>, mut dst: Dst<'_>) -> Result<()> {
     // the gradient rows of each destination row, ascending (a counting sort by target):
     // `sources[starts[r]..starts[r + 1]]` for row r
     let mut starts = vec![0usize; rows + 1];
-    for &t in &targets {
+    for &t in targets.iter() {
         starts[t + 1] += 1;
     }
     for r in 0..rows {

@@ -70,7 +70,7 @@ use proto_core::Result;
 use super::memory::{Arena, Dst, DstPart, NodeMemory, Src};
 use super::plan::{Kernel, Step};
 use super::pool::Pool;
-use super::scratch;
+use super::scratch::{self, Scratch};
 use super::view::{encode, internal, Input, Layout, Scalar, SrcView};
 
 /// What the nodes of one graph computation may reuse from earlier nodes of it.
@@ -309,7 +309,7 @@ pub(super) fn fill_rows<S>(
 
 /// Every row of `view` as f32, `ne0` values per row in flat row order, converted on the
 /// threads (for sources whose rows are read many times).
-pub(super) fn widen_all(node: &Node<'_>, view: &SrcView<'_>) -> Result<Vec<f32>> {
+pub(super) fn widen_all(node: &Node<'_>, view: &SrcView<'_>) -> Result<Scratch<f32>> {
     widen_all_then(node, view, |_| {})
 }
 
@@ -319,10 +319,10 @@ pub(super) fn widen_all_then(
     node: &Node<'_>,
     view: &SrcView<'_>,
     finish: impl Fn(&mut [f32]) + Sync,
-) -> Result<Vec<f32>> {
+) -> Result<Scratch<f32>> {
     let width = view.layout.ne[0];
     let rows = view.layout.rows();
-    let mut values = vec![0.0f32; rows * width];
+    let mut values = scratch::zeroed::<f32>(rows * width);
     if values.is_empty() {
         return Ok(values);
     }

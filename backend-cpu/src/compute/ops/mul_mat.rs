@@ -48,6 +48,7 @@ use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
+use crate::compute::scratch as spare;
 use crate::compute::view::Layout;
 use crate::compute::view::{encode, internal, round_bf16, round_f16, Scalar, SrcView};
 
@@ -81,16 +82,19 @@ const WIDEN_MIN_ROWS: usize = 2 * KERNEL_ROWS;
 enum Prepared {
     /// f32 values (rounded through F16/BF16 for such weights), `k` per row: for weights that
     /// are widened to f32 per tile.
-    Float(Vec<f32>),
+    Float(spare::Scratch<f32>),
     /// Rows in the weights' `vec_dot_type`, `stride` bytes each: for `quant::vec_dot` on the
     /// weights' own bytes (quantized weights, and float weights with few activation rows).
-    Bytes { stride: usize, bytes: Vec<u8> },
+    Bytes {
+        stride: usize,
+        bytes: spare::Scratch<u8>,
+    },
     /// Q8_0 rows laid out for the tile kernels of Q4_0 / Q8_0 weights (MUL_MAT).
     Tiles(quant::Q8Rows),
     /// For F16 / F32 weights with a register-blocked kernel (`quant::dot_float_rows`,
     /// MUL_MAT): the rows converted as for `Bytes` (rounded to F16 for
     /// F16 weights), then widened back to f32 (exactly), `k` per row.
-    F16(Vec<f32>),
+    F16(spare::Scratch<f32>),
     /// For F32 weights with a register-blocked kernel: the F32 activation rows where they
     /// are, when each is a run of aligned f32s (the conversion would be a copy).
     InPlace,
@@ -136,7 +140,7 @@ impl Prepared {
             };
             return widen_all_then(node, x, round).map(Prepared::F16);
         }
-        let mut bytes = vec![0u8; rows * stride];
+        let mut bytes = spare::zeroed::<u8>(rows * stride);
         let items: Vec<(usize, &mut [u8])> = bytes
             .chunks_mut((chunk * stride).max(1))
             .enumerate()

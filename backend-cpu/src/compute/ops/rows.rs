@@ -17,7 +17,7 @@
 use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
-use crate::compute::scratch;
+use crate::compute::scratch::{self, Scratch};
 use crate::compute::view::{encode_row, internal, Scalar, SrcView};
 use proto_core::ggml::types::id as ty;
 
@@ -28,9 +28,10 @@ pub(super) fn checked_ids(
     ids: &SrcView<'_>,
     rows: usize,
     what: &'static str,
-) -> Result<Vec<usize>> {
+) -> Result<Scratch<usize>> {
     let l = &ids.layout;
-    let mut out = Vec::with_capacity(l.elements());
+    let mut out = scratch::zeroed::<usize>(0);
+    out.reserve(l.elements());
     for i3 in 0..l.ne[3] {
         for i2 in 0..l.ne[2] {
             for i1 in 0..l.ne[1] {

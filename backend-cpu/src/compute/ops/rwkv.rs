@@ -30,6 +30,7 @@ use proto_core::Result;
 
 use crate::compute::memory::Dst;
 use crate::compute::plan::WkvOp;
+use crate::compute::scratch::{self, Scratch};
 use crate::compute::view::internal;
 
 use super::ssm::{span, span_mut, store_f32};
@@ -40,11 +41,11 @@ struct Wkv {
     op: WkvOp,
     /// The per-token inputs, `{S, H, n_tokens}` each, in the op's source order (RWKV 6:
     /// `k, v, r, time_decay`; RWKV 7: `r, w, k, v, a, b`; GLA: `k, v, q, g`).
-    inputs: Vec<Vec<f32>>,
+    inputs: Vec<Scratch<f32>>,
     /// RWKV 6's `time_first`, `S` values per head (empty for the others).
-    time_first: Vec<f32>,
+    time_first: Scratch<f32>,
     /// The initial states, `S * S * H` per sequence.
-    states: Vec<f32>,
+    states: Scratch<f32>,
     head_size: usize,
     heads: usize,
     /// Tokens per sequence.
@@ -157,7 +158,7 @@ pub(super) fn wkv(node: &Node<'_>, mut dst: Dst<'_>, op: WkvOp) -> Result<()> {
     let states = node.view(count - 1)?;
     let n_seqs = states.layout.ne[1];
     let mut inputs = Vec::with_capacity(count - 1);
-    let mut time_first = Vec::new();
+    let mut time_first = scratch::zeroed::<f32>(0);
     for slot in 0..count - 1 {
         let values = widen_all(node, &node.view(slot)?)?;
         if op == WkvOp::Rwkv6 && slot == 3 {

@@ -26,6 +26,7 @@
 use proto_core::{Error, Result};
 
 use crate::compute::memory::{Dst, DstPart};
+use crate::compute::scratch::Scratch;
 use crate::compute::view::{encode, internal, Scalar, SrcView};
 
 use super::{dot, widen_all, Node};
@@ -114,15 +115,15 @@ struct Scan<'a> {
     /// of the sequences' states are read, the rest of a recurrent-state cache is not copied.
     states: SrcView<'a>,
     /// `{head_dim, n_head, n_tokens, n_seqs}`, flat.
-    x: Vec<f32>,
+    x: Scratch<f32>,
     /// `{n_head, n_tokens, n_seqs}`, flat.
-    dt: Vec<f32>,
+    dt: Scratch<f32>,
     /// `{1 or d_state, n_head}`, flat.
-    a: Vec<f32>,
+    a: Scratch<f32>,
     /// `{d_state, n_group, n_tokens, n_seqs}`, flat.
-    b: Vec<f32>,
+    b: Scratch<f32>,
     /// Same shape as `b`.
-    c: Vec<f32>,
+    c: Scratch<f32>,
     d_state: usize,
     head_dim: usize,
     n_head: usize,

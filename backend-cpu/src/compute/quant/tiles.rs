@@ -26,6 +26,7 @@ use super::q8::Q8_0_BYTES;
 use proto_core::ggml::types::id as ty;
 
 use super::{fp16, QK32};
+use crate::compute::scratch::{self, Scratch};
 
 /// Lanes of a block's integer sums (elements `4l..4l+4` in lane `l`).
 pub(super) const BLOCK_LANES: usize = 8;
@@ -82,7 +83,7 @@ pub struct Q8Rows {
     kind: Q0,
     /// Blocks per row.
     blocks: usize,
-    bytes: Vec<u8>,
+    bytes: Scratch<u8>,
     /// No quant is -128 (always so for quantized activations).
     signable: bool,
 }
@@ -97,6 +98,43 @@ pub struct Q8Row<'a> {
     pub(super) signable: bool,
 }
 
+/// Lays out consecutive Q8_0 blocks of `src` as [`ROW_BLOCK_BYTES`] blocks in `dst`, the
+/// biases for weights whose quants are offset by `offset`; whether no quant is -128. Written
+/// as fixed-size array steps so that it vectorizes.
+#[inline(always)]
+pub(super) fn q8_0_to_row_blocks(offset: i32, src: &[u8], dst: &mut [u8]) -> bool {
+    let mut minus128 = 0u8;
+    for (b, o) in src
+        .chunks_exact(Q8_0_BYTES)
+        .zip(dst.chunks_exact_mut(ROW_BLOCK_BYTES))
+    {
+        let (Some(&[lo, hi]), Some(q), Some(o)) = (
+            b.first_chunk::<2>(),
+            b.get(2..).and_then(|q| q.first_chunk::<QK32>()),
+            o.first_chunk_mut::<ROW_BLOCK_BYTES>(),
+        ) else {
+            break;
+        };
+        o[..QK32].copy_from_slice(q);
+        let bias: [i32; BLOCK_LANES] = std::array::from_fn(|l| {
+            let sum: i32 = q[4 * l..4 * l + 4]
+                .iter()
+                .map(|&v| i32::from(v as i8))
+                .sum();
+            -offset * sum
+        });
+        minus128 |= q.iter().fold(0, |m, &v| m | u8::from(v == 0x80));
+        for (d, b) in o[ROW_BIAS..ROW_SCALE].chunks_exact_mut(4).zip(bias) {
+            d.copy_from_slice(&b.to_le_bytes());
+        }
+        let d = fp16(lo, hi).to_le_bytes();
+        for s in o[ROW_SCALE..].chunks_exact_mut(4) {
+            s.copy_from_slice(&d);
+        }
+    }
+    minus128 == 0
+}
+
 impl Q8Rows {
     /// Rows of `k` elements from `bytes`, consecutive Q8_0 rows (`k` a multiple of 32), for
     /// weights of format `kind`.
@@ -107,31 +145,8 @@ impl Q8Rows {
             )));
         }
         let n = bytes.len() / Q8_0_BYTES;
-        let mut out = vec![0u8; n * ROW_BLOCK_BYTES];
-        let offset = kind.offset();
-        let mut signable = true;
-        for (b, o) in bytes
-            .chunks_exact(Q8_0_BYTES)
-            .zip(out.chunks_exact_mut(ROW_BLOCK_BYTES))
-        {
-            let (Some(b), Some(o)) = (
-                b.first_chunk::<Q8_0_BYTES>(),
-                o.first_chunk_mut::<ROW_BLOCK_BYTES>(),
-            ) else {
-                break;
-            };
-            o[..QK32].copy_from_slice(&b[2..]);
-            for (l, q) in b[2..].chunks_exact(4).enumerate() {
-                signable &= !q.contains(&0x80);
-                let sum: i32 = q.iter().map(|&v| i32::from(v as i8)).sum();
-                o[ROW_BIAS + 4 * l..ROW_BIAS + 4 * l + 4]
-                    .copy_from_slice(&(-offset * sum).to_le_bytes());
-            }
-            let d = fp16(b[0], b[1]).to_le_bytes();
-            for l in 0..BLOCK_LANES {
-                o[ROW_SCALE + 4 * l..ROW_SCALE + 4 * l + 4].copy_from_slice(&d);
-            }
-        }
+        let mut out = scratch::zeroed::<u8>(n * ROW_BLOCK_BYTES);
+        let signable = super::simd::q8_0_to_row_blocks(kind.offset(), bytes, &mut out);
         Ok(Q8Rows {
             kind,
             blocks: k / QK32,

@@ -12,6 +12,7 @@ use proto_core::Result;
 
 use crate::compute::memory::{Dst, DstPart};
 use crate::compute::quant;
+use crate::compute::scratch as spare;
 use crate::compute::view::{encode, Scalar};
 
 use super::super::{alibi_slope, Node};
@@ -23,34 +24,35 @@ const TILE_Q: usize = 64;
 /// Keys per tile (`GGML_FA_TILE_KV`).
 const TILE_KV: usize = 64;
 
-/// One thread's working memory, reused for every tile it runs.
+/// One thread's working memory, reused for every tile it runs (and, through the thread's
+/// spares, by the next node).
 struct Scratch {
     /// The tile's queries, `TILE_Q × dk`.
-    q: Vec<f32>,
+    q: spare::Scratch<f32>,
     /// The K tile transposed, `dk × TILE_KV` (keys contiguous).
-    k_t: Vec<f32>,
+    k_t: spare::Scratch<f32>,
     /// Scores, then weights, `TILE_Q × TILE_KV`.
-    kq: Vec<f32>,
+    kq: spare::Scratch<f32>,
     /// The mask tile (`slope` applied), `TILE_Q × TILE_KV`.
-    mask_tile: Vec<f32>,
+    mask_tile: spare::Scratch<f32>,
     /// The mask rows of the tile's queries (`slope` not applied), `TILE_Q × n_kv`, and for
     /// which (first query, queries, mask plane) they were loaded.
-    mask: Vec<f32>,
+    mask: spare::Scratch<f32>,
     mask_of: Option<(usize, usize, [usize; 2])>,
     /// One mask row as the view loads it (`mask ne0` values).
-    mask_row: Vec<f32>,
+    mask_row: spare::Scratch<f32>,
     /// The V tile, `TILE_KV × dv`.
-    v: Vec<f32>,
+    v: spare::Scratch<f32>,
     /// Value sums, `TILE_Q × dv`.
-    acc: Vec<f32>,
+    acc: spare::Scratch<f32>,
     /// Each query's running maximum and exponential sum.
     max: [f32; TILE_Q],
     sum: [f32; TILE_Q],
     /// Rows converted from unwidened K / V.
-    k_row: Vec<f32>,
-    v_row: Vec<f32>,
+    k_row: spare::Scratch<f32>,
+    v_row: spare::Scratch<f32>,
     /// One output row as bytes.
-    bytes: Vec<u8>,
+    bytes: spare::Scratch<u8>,
 }
 
 /// Runs the node over `k` and `v` as f32 rows.
@@ -83,20 +85,20 @@ pub(super) fn run(
     node.pool.run_with(
         parts,
         || Scratch {
-            q: vec![0.0; TILE_Q * dk],
-            k_t: vec![0.0; dk * TILE_KV],
-            kq: vec![0.0; TILE_Q * TILE_KV],
-            mask_tile: vec![0.0; TILE_Q * TILE_KV],
-            mask: Vec::new(),
+            q: spare::zeroed(TILE_Q * dk),
+            k_t: spare::zeroed(dk * TILE_KV),
+            kq: spare::zeroed(TILE_Q * TILE_KV),
+            mask_tile: spare::zeroed(TILE_Q * TILE_KV),
+            mask: spare::zeroed(0),
             mask_of: None,
-            mask_row: vec![0.0; mask_width],
-            v: vec![0.0; TILE_KV * dv],
-            acc: vec![0.0; TILE_Q * dv],
+            mask_row: spare::zeroed(mask_width),
+            v: spare::zeroed(TILE_KV * dv),
+            acc: spare::zeroed(TILE_Q * dv),
             max: [f32::NEG_INFINITY; TILE_Q],
             sum: [0.0; TILE_Q],
-            k_row: vec![0.0; dk],
-            v_row: vec![0.0; dv],
-            bytes: vec![0u8; dv * 4],
+            k_row: spare::zeroed(dk),
+            v_row: spare::zeroed(dv),
+            bytes: spare::zeroed(dv * 4),
         },
         |scratch, mut part: DstPart<'_>| {
             let rows = part.rows();

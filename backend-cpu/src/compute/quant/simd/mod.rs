@@ -134,6 +134,8 @@ multiversion! {
     quantize_bf16(src: &[f32], dst: &mut [u8]) = float::quantize_bf16;
     quantize_q8_1(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_1;
     quantize_q8_k(src: &[f32], dst: &mut [u8]) = q8::quantize_q8_k;
+    q8_0_to_row_blocks(offset: i32, src: &[u8], dst: &mut [u8]) -> bool
+        = tiles::q8_0_to_row_blocks;
 
     vec_dot_f32(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_f32;
     vec_dot_bf16(x: &[u8], y: &[u8]) -> f32 = float::vec_dot_bf16;
