@@ -48,14 +48,14 @@ spare_type!(f32 => SPARE_F32, u8 => SPARE_U8, u16 => SPARE_U16, usize => SPARE_U
 #[derive(Debug)]
 pub(crate) struct Scratch<T: Spare>(Vec<T>);
 
-/// A vector of `len` zeros (`T::default()`), from the thread's spares when it has one: the
-/// smallest that holds `len`, else the largest (grown), so that small and large requests
-/// interleaving keep their own vectors instead of growing each other's.
-pub(crate) fn zeroed<T: Spare>(len: usize) -> Scratch<T> {
+/// An empty vector with room for at least `capacity` elements, from the thread's spares when
+/// it has one: the smallest that holds `capacity`, else the largest (grown), so that small
+/// and large requests interleaving keep their own vectors instead of growing each other's.
+pub(crate) fn with_capacity<T: Spare>(capacity: usize) -> Scratch<T> {
     let mut v = T::spares()
         .try_with(|s| {
             let mut s = s.borrow_mut();
-            let fits = |v: &Vec<T>| v.capacity() >= len;
+            let fits = |v: &Vec<T>| v.capacity() >= capacity;
             let best = (0..s.len())
                 .filter(|&i| fits(&s[i]))
                 .min_by_key(|&i| s[i].capacity())
@@ -66,8 +66,22 @@ pub(crate) fn zeroed<T: Spare>(len: usize) -> Scratch<T> {
         .flatten()
         .unwrap_or_default();
     v.clear();
-    v.resize(len, T::default());
+    v.reserve(capacity);
     Scratch(v)
+}
+
+/// A vector of `len` zeros (`T::default()`), as [`with_capacity`] picks it.
+pub(crate) fn zeroed<T: Spare>(len: usize) -> Scratch<T> {
+    let mut v = with_capacity(len);
+    v.resize(len, T::default());
+    v
+}
+
+/// No spare taken: an empty vector that allocates only if it grows.
+impl<T: Spare> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch(Vec::new())
+    }
 }
 
 impl<T: Spare> Deref for Scratch<T> {
@@ -139,6 +153,29 @@ mod tests {
         drop(zeroed::<u8>(KEPT_BYTES + 1));
         let kept = SPARE_U8.with(|s| s.borrow().iter().map(|v| v.capacity()).max());
         assert!(kept.unwrap_or(0) <= KEPT_BYTES);
+    }
+
+    #[test]
+    fn with_capacity_is_empty_and_takes_the_spare_that_holds_it() {
+        let (small, large) = (zeroed::<u16>(8), zeroed::<u16>(1000));
+        let large_ptr = large.as_ptr();
+        drop(large);
+        drop(small);
+        let v = with_capacity::<u16>(500);
+        assert!(v.is_empty());
+        assert!(v.capacity() >= 500);
+        assert_eq!(
+            v.as_ptr(),
+            large_ptr,
+            "the one that holds it, not the small one grown"
+        );
+        let none = Scratch::<u16>::default();
+        assert_eq!(none.capacity(), 0, "a default takes no spare");
+        assert_eq!(
+            SPARE_U16.with(|s| s.borrow().len()),
+            1,
+            "the small one still kept"
+        );
     }
 
     #[test]

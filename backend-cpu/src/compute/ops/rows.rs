@@ -30,8 +30,7 @@ pub(super) fn checked_ids(
     what: &'static str,
 ) -> Result<Scratch<usize>> {
     let l = &ids.layout;
-    let mut out = scratch::zeroed::<usize>(0);
-    out.reserve(l.elements());
+    let mut out = scratch::with_capacity::<usize>(l.elements());
     for i3 in 0..l.ne[3] {
         for i2 in 0..l.ne[2] {
             for i1 in 0..l.ne[1] {

@@ -30,7 +30,7 @@ use proto_core::Result;
 
 use crate::compute::memory::Dst;
 use crate::compute::plan::WkvOp;
-use crate::compute::scratch::{self, Scratch};
+use crate::compute::scratch::Scratch;
 use crate::compute::view::internal;
 
 use super::ssm::{span, span_mut, store_f32};
@@ -158,7 +158,7 @@ pub(super) fn wkv(node: &Node<'_>, mut dst: Dst<'_>, op: WkvOp) -> Result<()> {
     let states = node.view(count - 1)?;
     let n_seqs = states.layout.ne[1];
     let mut inputs = Vec::with_capacity(count - 1);
-    let mut time_first = scratch::zeroed::<f32>(0);
+    let mut time_first = Scratch::default();
     for slot in 0..count - 1 {
         let values = widen_all(node, &node.view(slot)?)?;
         if op == WkvOp::Rwkv6 && slot == 3 {

@@ -89,7 +89,7 @@ pub(super) fn run(
             k_t: spare::zeroed(dk * TILE_KV),
             kq: spare::zeroed(TILE_Q * TILE_KV),
             mask_tile: spare::zeroed(TILE_Q * TILE_KV),
-            mask: spare::zeroed(0),
+            mask: spare::with_capacity(att.mask.map_or(0, |_| TILE_Q * n_kv)),
             mask_of: None,
             mask_row: spare::zeroed(mask_width),
             v: spare::zeroed(TILE_KV * dv),
